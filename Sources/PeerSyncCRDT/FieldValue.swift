@@ -1,0 +1,229 @@
+/// The value of one field of a record: a small self-describing tree, like JSON with exact
+/// integers and bytes.
+///
+/// Values have one canonical binary form (``encode(into:)``), used for storage, digests and
+/// ordering ties; maps encode their keys sorted, so equal values encode to equal bytes.
+/// Doubles compare by bit pattern, so `NaN == NaN` and equality stays an equivalence.
+public enum FieldValue: Sendable {
+    case null
+    case bool(Bool)
+    case int(Int64)
+    case double(Double)
+    case string(String)
+    case bytes([UInt8])
+    case list([FieldValue])
+    case map([String: FieldValue])
+}
+
+extension FieldValue: Hashable {
+    public static func == (lhs: FieldValue, rhs: FieldValue) -> Bool {
+        switch (lhs, rhs) {
+        case (.null, .null): true
+        case let (.bool(a), .bool(b)): a == b
+        case let (.int(a), .int(b)): a == b
+        case let (.double(a), .double(b)): a.bitPattern == b.bitPattern
+        case let (.string(a), .string(b)): a == b
+        case let (.bytes(a), .bytes(b)): a == b
+        case let (.list(a), .list(b)): a == b
+        case let (.map(a), .map(b)): a == b
+        default: false
+        }
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(tag)
+        switch self {
+        case .null: break
+        case .bool(let v): hasher.combine(v)
+        case .int(let v): hasher.combine(v)
+        case .double(let v): hasher.combine(v.bitPattern)
+        case .string(let v): hasher.combine(v)
+        case .bytes(let v): hasher.combine(v)
+        case .list(let v): hasher.combine(v)
+        case .map(let v): hasher.combine(v)
+        }
+    }
+}
+
+extension FieldValue: Comparable {
+    /// A total order: by kind (null < bool < int < double < string < bytes < list < map), then
+    /// by value. Used only to break ties deterministically.
+    public static func < (lhs: FieldValue, rhs: FieldValue) -> Bool {
+        if lhs.tag != rhs.tag { return lhs.tag < rhs.tag }
+        switch (lhs, rhs) {
+        case let (.bool(a), .bool(b)): return !a && b
+        case let (.int(a), .int(b)): return a < b
+        case let (.double(a), .double(b)): return a.bitPattern < b.bitPattern
+        case let (.string(a), .string(b)): return a.utf8.lexicographicallyPrecedes(b.utf8)
+        case let (.bytes(a), .bytes(b)): return a.lexicographicallyPrecedes(b)
+        case let (.list(a), .list(b)): return a.lexicographicallyPrecedes(b)
+        case let (.map(a), .map(b)):
+            let sa = a.sorted { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
+            let sb = b.sorted { $0.key.utf8.lexicographicallyPrecedes($1.key.utf8) }
+            return sa.lexicographicallyPrecedes(sb) { x, y in
+                x.key != y.key ? x.key.utf8.lexicographicallyPrecedes(y.key.utf8) : x.value < y.value
+            }
+        default: return false
+        }
+    }
+}
+
+extension FieldValue {
+    /// The one-byte kind tag of the canonical encoding.
+    public var tag: UInt8 {
+        switch self {
+        case .null: 0
+        case .bool(false): 1
+        case .bool(true): 2
+        case .int: 3
+        case .double: 4
+        case .string: 5
+        case .bytes: 6
+        case .list: 7
+        case .map: 8
+        }
+    }
+
+    /// Appends the canonical encoding:
+    ///
+    /// ```
+    /// null        00
+    /// false/true  01 / 02
+    /// int         03 zigzag-varint
+    /// double      04 8 bytes IEEE-754 little-endian
+    /// string      05 varint(byte count) UTF-8
+    /// bytes       06 varint(byte count) bytes
+    /// list        07 varint(count) value…
+    /// map         08 varint(count) (varint(key bytes) key-UTF-8 value)… keys sorted bytewise
+    /// ```
+    public func encode(into out: inout [UInt8]) {
+        out.append(tag)
+        switch self {
+        case .null, .bool: break
+        case .int(let v): Varint.append(UInt64(bitPattern: (v << 1) ^ (v >> 63)), to: &out)
+        case .double(let v):
+            var bits = v.bitPattern
+            for _ in 0..<8 { out.append(UInt8(truncatingIfNeeded: bits)); bits >>= 8 }
+        case .string(let v):
+            Varint.append(UInt64(v.utf8.count), to: &out)
+            out.append(contentsOf: v.utf8)
+        case .bytes(let v):
+            Varint.append(UInt64(v.count), to: &out)
+            out.append(contentsOf: v)
+        case .list(let items):
+            Varint.append(UInt64(items.count), to: &out)
+            for item in items { item.encode(into: &out) }
+        case .map(let entries):
+            Varint.append(UInt64(entries.count), to: &out)
+            for key in entries.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }) {
+                Varint.append(UInt64(key.utf8.count), to: &out)
+                out.append(contentsOf: key.utf8)
+                entries[key]!.encode(into: &out)
+            }
+        }
+    }
+
+    /// The canonical encoding as a new array.
+    public var encoded: [UInt8] {
+        var out: [UInt8] = []
+        encode(into: &out)
+        return out
+    }
+
+    /// Decodes one value from the canonical encoding. Nesting deeper than 64 levels is refused.
+    public init(decoding bytes: some Collection<UInt8>) throws(FieldValueDecodingError) {
+        var reader = ByteReader(Array(bytes))
+        self = try FieldValue.decode(from: &reader, depth: 0)
+        guard reader.isAtEnd else { throw .trailingBytes }
+    }
+
+    static func decode(from reader: inout ByteReader, depth: Int) throws(FieldValueDecodingError) -> FieldValue {
+        guard depth < 64 else { throw .tooDeep }
+        guard let tag = reader.readByte() else { throw .truncated }
+        switch tag {
+        case 0: return .null
+        case 1: return .bool(false)
+        case 2: return .bool(true)
+        case 3:
+            guard let raw = reader.readVarint() else { throw .truncated }
+            return .int(Int64(bitPattern: (raw >> 1) ^ (0 &- (raw & 1))))
+        case 4:
+            guard let bits = reader.readFixed64() else { throw .truncated }
+            return .double(Double(bitPattern: bits))
+        case 5:
+            guard let bytes = reader.readLengthPrefixed() else { throw .truncated }
+            guard let string = String(validating: bytes, as: UTF8.self) else { throw .invalidUTF8 }
+            return .string(string)
+        case 6:
+            guard let bytes = reader.readLengthPrefixed() else { throw .truncated }
+            return .bytes(Array(bytes))
+        case 7:
+            guard let count = reader.readVarint(), count <= UInt64(reader.remaining) else { throw .truncated }
+            var items: [FieldValue] = []
+            items.reserveCapacity(Int(count))
+            for _ in 0..<count { items.append(try decode(from: &reader, depth: depth + 1)) }
+            return .list(items)
+        case 8:
+            guard let count = reader.readVarint(), count <= UInt64(reader.remaining) else { throw .truncated }
+            var entries: [String: FieldValue] = [:]
+            for _ in 0..<count {
+                guard let keyBytes = reader.readLengthPrefixed() else { throw .truncated }
+                guard let key = String(validating: keyBytes, as: UTF8.self) else { throw .invalidUTF8 }
+                entries[key] = try decode(from: &reader, depth: depth + 1)
+            }
+            return .map(entries)
+        default:
+            throw .unknownTag(tag)
+        }
+    }
+
+    /// Feeds the canonical encoding to `hasher` without building it in memory.
+    public func feed(into hasher: inout StableHasher) {
+        hasher.combine(tag)
+        switch self {
+        case .null, .bool: break
+        case .int(let v): hasher.combine(UInt64(bitPattern: v))
+        case .double(let v): hasher.combine(v.bitPattern)
+        case .string(let v): hasher.combine(v)
+        case .bytes(let v): hasher.combine(lengthPrefixed: v)
+        case .list(let items):
+            hasher.combine(UInt64(items.count))
+            for item in items { item.feed(into: &hasher) }
+        case .map(let entries):
+            hasher.combine(UInt64(entries.count))
+            for key in entries.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }) {
+                hasher.combine(key)
+                entries[key]!.feed(into: &hasher)
+            }
+        }
+    }
+}
+
+/// Why bytes are not a canonical ``FieldValue``.
+public enum FieldValueDecodingError: Error, Equatable, CustomStringConvertible {
+    case truncated
+    case trailingBytes
+    case invalidUTF8
+    case unknownTag(UInt8)
+    case tooDeep
+
+    public var description: String {
+        switch self {
+        case .truncated: "field value is truncated"
+        case .trailingBytes: "field value has trailing bytes"
+        case .invalidUTF8: "field value holds a string that is not UTF-8"
+        case .unknownTag(let tag): "field value has unknown kind tag \(tag)"
+        case .tooDeep: "field value nests deeper than 64 levels"
+        }
+    }
+}
+
+extension FieldValue: ExpressibleByStringLiteral, ExpressibleByIntegerLiteral, ExpressibleByBooleanLiteral,
+    ExpressibleByFloatLiteral, ExpressibleByNilLiteral
+{
+    public init(stringLiteral value: String) { self = .string(value) }
+    public init(integerLiteral value: Int64) { self = .int(value) }
+    public init(booleanLiteral value: Bool) { self = .bool(value) }
+    public init(floatLiteral value: Double) { self = .double(value) }
+    public init(nilLiteral: ()) { self = .null }
+}

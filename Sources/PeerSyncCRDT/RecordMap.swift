@@ -1,0 +1,379 @@
+/// All records of a replica, in named collections: an observed-remove map of records whose
+/// fields are last-writer-wins registers, with one causal context for the whole replica.
+///
+/// - A write (one or more fields of one record) is one event: it takes the writer's next dot,
+///   stamps every written field with it, and sets the writer's presence entry for the record.
+/// - A delete is one event: it kills the presence entries it observed (see ``PresenceEntry``);
+///   fields stay, so a concurrent write revives the record whole.
+/// - ``apply(_:)`` joins a delta (or a whole state) and reports what changed, including
+///   concurrent overwrites (``FieldConflict``).
+/// - ``delta(missingFrom:)`` extracts exactly what a peer lacks, given the peer's context.
+/// - ``digest`` is kept current on every change in O(changed elements).
+///
+/// Deltas are `RecordMap`s too, so they compose: joining two deltas gives a delta that has the
+/// effect of both.
+public struct RecordMap: Sendable {
+    /// collection → record ID → state. Never holds empty collections or empty records.
+    public private(set) var collections: [String: [UUID: RecordState]]
+    /// Every dot this state has seen.
+    public private(set) var context: CausalContext
+    /// Digest of the canonical state: fields, presence entries and context.
+    public private(set) var digest: StateDigest
+
+    public init() {
+        collections = [:]
+        context = CausalContext()
+        digest = .empty
+    }
+
+    /// A state from stored parts (the store loads replicas this way). The digest is computed.
+    public init(records: some Sequence<(RecordKey, RecordState)>, context: CausalContext) {
+        self.init()
+        for (key, state) in records where !state.isEmpty {
+            collections[key.collection, default: [:]][key.id] = state
+            for (name, register) in state.fields { digest.add(Self.hash(key, name, register)) }
+            for (replica, entry) in state.presence { digest.add(Self.hash(key, replica, entry)) }
+        }
+        self.context = context
+        for replica in context.replicas { digest.add(Self.contextHash(context, replica)) }
+    }
+
+    public func record(_ key: RecordKey) -> RecordState? {
+        collections[key.collection]?[key.id]
+    }
+
+    /// All records of `collection`, visible or not.
+    public func records(in collection: String) -> [UUID: RecordState] {
+        collections[collection] ?? [:]
+    }
+
+    /// Every record with its key, in no particular order.
+    public var allRecords: [(RecordKey, RecordState)] {
+        collections.flatMap { collection, records in
+            records.map { (RecordKey(collection: collection, id: $0.key), $0.value) }
+        }
+    }
+
+    /// Number of records held (visible or not).
+    public var recordCount: Int { collections.values.reduce(0) { $0 + $1.count } }
+
+    /// Number of field registers held.
+    public var fieldCount: Int {
+        collections.values.reduce(0) { $0 + $1.values.reduce(0) { $0 + $1.fields.count } }
+    }
+
+    /// The newest write timestamp anywhere in this state.
+    public var maxTimestamp: HLCTimestamp {
+        var result = HLCTimestamp.zero
+        for records in collections.values {
+            for state in records.values { result.merge(state.maxTimestamp) }
+        }
+        return result
+    }
+
+    // MARK: - Mutators
+
+    /// Writes `fields` of the record `key` as one event of `replica` at `time`, marking the
+    /// record present. Returns the delta, already applied to `self`.
+    ///
+    /// `time` should come from the replica's hybrid logical clock, which has observed every
+    /// timestamp in this state, so the write wins over all it replaces.
+    @discardableResult
+    public mutating func write(
+        _ fields: [String: FieldValue], to key: RecordKey, at time: HLCTimestamp, by replica: ReplicaID
+    ) -> RecordMap {
+        let dot = context.nextDot(for: replica)
+        let existing = record(key)
+        var state = RecordState()
+        for (name, value) in fields {
+            state.fields[name] = FieldRegister(
+                value: value, timestamp: time, dot: dot,
+                supersedes: existing?.fields[name]?.timestamp ?? .zero)
+        }
+        state.presence[replica] = PresenceEntry(counter: dot.counter, removedBy: nil)
+        var delta = RecordMap()
+        delta.insert(key, state)
+        delta.setContext(CausalContext(dots: [dot]))
+        apply(delta)
+        return delta
+    }
+
+    /// Deletes the record `key` as one event of `replica`: kills every live presence entry
+    /// observed here. Returns the delta, or nil if the record is not visible.
+    @discardableResult
+    public mutating func remove(_ key: RecordKey, by replica: ReplicaID) -> RecordMap? {
+        guard let existing = record(key), existing.isVisible else { return nil }
+        let dot = context.nextDot(for: replica)
+        var state = RecordState()
+        for (writer, entry) in existing.presence where entry.isLive {
+            state.presence[writer] = PresenceEntry(counter: entry.counter, removedBy: dot)
+        }
+        var delta = RecordMap()
+        delta.insert(key, state)
+        delta.setContext(CausalContext(dots: [dot]))
+        apply(delta)
+        return delta
+    }
+
+    // MARK: - Join
+
+    /// Joins `delta` (a delta or a whole state) into `self` and reports what changed.
+    ///
+    /// - Complexity: O(size of `delta`).
+    @discardableResult
+    public mutating func apply(_ delta: RecordMap) -> MergeOutcome {
+        var outcome = MergeOutcome()
+        for (collection, incomingRecords) in delta.collections {
+            for (id, incoming) in incomingRecords {
+                let key = RecordKey(collection: collection, id: id)
+                applyRecord(key, incoming, into: &outcome)
+            }
+        }
+        mergeContext(delta.context)
+        return outcome
+    }
+
+    private mutating func applyRecord(_ key: RecordKey, _ incoming: RecordState, into outcome: inout MergeOutcome) {
+        let seenBefore = context
+        var digest = self.digest
+        var recordChanged = false
+        var visibilityBefore = false
+        var visibilityAfter = false
+        withRecord(key) { current in
+            visibilityBefore = current.isVisible
+            for (name, theirs) in incoming.fields {
+                if let ours = current.fields[name] {
+                    if ours == theirs { continue }
+                    if theirs.wins(over: ours) {
+                        digest.remove(Self.hash(key, name, ours))
+                        digest.add(Self.hash(key, name, theirs))
+                        current.fields[name] = theirs
+                        outcome.changedFields.append(FieldChange(key: key, field: name, register: theirs))
+                        recordChanged = true
+                        if theirs.supersedes < ours.timestamp {
+                            outcome.conflicts.append(FieldConflict(key: key, field: name, winner: theirs, loser: ours))
+                        }
+                    } else if !seenBefore.contains(theirs.dot), ours.supersedes < theirs.timestamp {
+                        outcome.conflicts.append(FieldConflict(key: key, field: name, winner: ours, loser: theirs))
+                    }
+                } else {
+                    digest.add(Self.hash(key, name, theirs))
+                    current.fields[name] = theirs
+                    outcome.changedFields.append(FieldChange(key: key, field: name, register: theirs))
+                    recordChanged = true
+                }
+                outcome.maxTimestamp.merge(theirs.timestamp)
+            }
+            for (replica, theirs) in incoming.presence {
+                let ours = current.presence[replica]
+                let joined = ours.map { $0.joined(with: theirs) } ?? theirs
+                if joined != ours {
+                    if let ours { digest.remove(Self.hash(key, replica, ours)) }
+                    digest.add(Self.hash(key, replica, joined))
+                    current.presence[replica] = joined
+                    outcome.changedPresence.append(PresenceChange(key: key, replica: replica, entry: joined))
+                }
+            }
+            visibilityAfter = current.isVisible
+        }
+        self.digest = digest
+        if recordChanged || visibilityBefore != visibilityAfter {
+            outcome.changedRecords.insert(key)
+        }
+    }
+
+    /// Mutates the record in place (no copy of the collection's dictionary).
+    private mutating func withRecord(_ key: RecordKey, _ body: (inout RecordState) -> Void) {
+        body(&collections[key.collection, default: [:]][key.id, default: RecordState()])
+        if collections[key.collection]?[key.id]?.isEmpty == true {
+            collections[key.collection]?[key.id] = nil
+            if collections[key.collection]?.isEmpty == true { collections[key.collection] = nil }
+        }
+    }
+
+    private mutating func mergeContext(_ other: CausalContext) {
+        if other.isEmpty { return }
+        let touched = other.replicas
+        for replica in touched { digest.remove(Self.contextHash(context, replica)) }
+        context.merge(other)
+        for replica in touched { digest.add(Self.contextHash(context, replica)) }
+    }
+
+    // MARK: - Anti-entropy
+
+    /// What a replica whose context is `peer` lacks: every field written and every presence
+    /// entry added or killed by an event the peer has not seen, plus this state's context.
+    ///
+    /// Removals travel as killed presence entries, so the context can be sent whole (it is a
+    /// version vector, O(replicas)). For an empty `peer` this is the full state.
+    ///
+    /// - Complexity: O(records held); the result is O(what the peer lacks + replicas).
+    public func delta(missingFrom peer: CausalContext) -> RecordMap {
+        var result = RecordMap()
+        for (collection, records) in collections {
+            for (id, state) in records {
+                var missing = RecordState()
+                for (name, register) in state.fields where !peer.contains(register.dot) {
+                    missing.fields[name] = register
+                }
+                for (replica, entry) in state.presence {
+                    let addSeen = peer.contains(Dot(replica: replica, counter: entry.counter))
+                    let removalSeen = entry.removedBy.map(peer.contains) ?? true
+                    if !addSeen || !removalSeen { missing.presence[replica] = entry }
+                }
+                if !missing.isEmpty { result.insert(RecordKey(collection: collection, id: id), missing) }
+            }
+        }
+        result.setContext(context)
+        return result
+    }
+
+    /// Whether this state holds nothing (no records and an empty context).
+    public var isEmpty: Bool { collections.isEmpty && context.isEmpty }
+
+    // MARK: - Building deltas
+
+    /// Adds a record state known not to be present yet (building deltas and extracts).
+    mutating func insert(_ key: RecordKey, _ state: RecordState) {
+        precondition(record(key) == nil)
+        collections[key.collection, default: [:]][key.id] = state
+        for (name, register) in state.fields { digest.add(Self.hash(key, name, register)) }
+        for (replica, entry) in state.presence { digest.add(Self.hash(key, replica, entry)) }
+    }
+
+    mutating func setContext(_ newContext: CausalContext) {
+        for replica in context.replicas { digest.remove(Self.contextHash(context, replica)) }
+        context = newContext
+        for replica in context.replicas { digest.add(Self.contextHash(context, replica)) }
+    }
+
+    // MARK: - Digest elements
+
+    static func hash(_ key: RecordKey, _ field: String, _ register: FieldRegister) -> (UInt64, UInt64) {
+        var h = StableHasher()
+        h.combine(UInt8(1))
+        h.combine(key.collection)
+        h.combine(key.id)
+        h.combine(field)
+        register.value.feed(into: &h)
+        h.combine(register.timestamp.rawValue)
+        h.combine(register.dot)
+        h.combine(register.supersedes.rawValue)
+        return h.finalize()
+    }
+
+    static func hash(_ key: RecordKey, _ replica: ReplicaID, _ entry: PresenceEntry) -> (UInt64, UInt64) {
+        var h = StableHasher()
+        h.combine(UInt8(2))
+        h.combine(key.collection)
+        h.combine(key.id)
+        h.combine(replica)
+        h.combine(entry.counter)
+        if let removedBy = entry.removedBy {
+            h.combine(UInt8(1))
+            h.combine(removedBy)
+        } else {
+            h.combine(UInt8(0))
+        }
+        return h.finalize()
+    }
+
+    /// One replica's part of the context: its vector entry and cloud dots, as one element.
+    static func contextHash(_ context: CausalContext, _ replica: ReplicaID) -> (UInt64, UInt64) {
+        var sum = StateDigest()
+        context.forEachEntry(of: replica) { counter, inCloud in
+            var h = StableHasher()
+            h.combine(UInt8(inCloud ? 4 : 3))
+            h.combine(replica)
+            h.combine(counter)
+            sum.add(h.finalize())
+        }
+        return (sum.high, sum.low)
+    }
+}
+
+extension StableHasher {
+    mutating func combine(_ id: UUID) {
+        withUnsafeBytes(of: id.uuid) { raw in
+            combine(raw.loadUnaligned(fromByteOffset: 0, as: UInt64.self))
+            combine(raw.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
+        }
+    }
+
+    mutating func combine(_ replica: ReplicaID) {
+        combine(replica.high)
+        combine(replica.low)
+    }
+
+    mutating func combine(_ dot: Dot) {
+        combine(dot.replica)
+        combine(dot.counter)
+    }
+}
+
+extension RecordMap: AntiEntropyCRDT {
+    public mutating func merge(_ other: RecordMap) { apply(other) }
+}
+
+extension RecordMap: Equatable {
+    /// States are equal when their records and contexts are; the digest is derived.
+    public static func == (lhs: RecordMap, rhs: RecordMap) -> Bool {
+        lhs.context == rhs.context && lhs.collections == rhs.collections
+    }
+}
+
+/// A field whose register changed in ``RecordMap/apply(_:)``.
+public struct FieldChange: Hashable, Sendable {
+    public let key: RecordKey
+    public let field: String
+    public let register: FieldRegister
+
+    public init(key: RecordKey, field: String, register: FieldRegister) {
+        self.key = key
+        self.field = field
+        self.register = register
+    }
+}
+
+/// A presence entry that changed in ``RecordMap/apply(_:)``.
+public struct PresenceChange: Hashable, Sendable {
+    public let key: RecordKey
+    public let replica: ReplicaID
+    public let entry: PresenceEntry
+
+    public init(key: RecordKey, replica: ReplicaID, entry: PresenceEntry) {
+        self.key = key
+        self.replica = replica
+        self.entry = entry
+    }
+}
+
+/// Two concurrent writes to one field met; `winner` is kept, `loser` is reported.
+public struct FieldConflict: Hashable, Sendable {
+    public let key: RecordKey
+    public let field: String
+    public let winner: FieldRegister
+    public let loser: FieldRegister
+
+    public init(key: RecordKey, field: String, winner: FieldRegister, loser: FieldRegister) {
+        self.key = key
+        self.field = field
+        self.winner = winner
+        self.loser = loser
+    }
+}
+
+/// What one ``RecordMap/apply(_:)`` changed.
+public struct MergeOutcome: Sendable {
+    public internal(set) var changedFields: [FieldChange] = []
+    public internal(set) var changedPresence: [PresenceChange] = []
+    public internal(set) var conflicts: [FieldConflict] = []
+    /// Records whose values or visibility changed.
+    public internal(set) var changedRecords: Set<RecordKey> = []
+    /// The newest field timestamp seen in the delta (for the receiver's clock).
+    public internal(set) var maxTimestamp: HLCTimestamp = .zero
+
+    public init() {}
+
+    public var isEmpty: Bool { changedFields.isEmpty && changedPresence.isEmpty }
+}

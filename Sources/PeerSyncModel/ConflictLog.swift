@@ -1,0 +1,46 @@
+import PeerSyncCRDT
+
+/// One concurrent overwrite: which value won a field, which lost, and when it was noticed.
+public struct ConflictEntry: Hashable, Sendable {
+    public let key: RecordKey
+    public let field: String
+    public let winner: FieldRegister
+    public let loser: FieldRegister
+    /// The local clock when the conflict was detected.
+    public let detectedAt: HLCTimestamp
+
+    public init(key: RecordKey, field: String, winner: FieldRegister, loser: FieldRegister, detectedAt: HLCTimestamp) {
+        self.key = key
+        self.field = field
+        self.winner = winner
+        self.loser = loser
+        self.detectedAt = detectedAt
+    }
+}
+
+/// The last `capacity` conflicts, oldest first. Local to a replica (not synced): each replica
+/// records the losers it saw replaced or rejected. A loser is recorded once.
+public struct ConflictLog: Sendable, Equatable {
+    public static let defaultCapacity = 1000
+
+    public let capacity: Int
+    public private(set) var entries: [ConflictEntry] = []
+
+    public init(capacity: Int = ConflictLog.defaultCapacity, entries: [ConflictEntry] = []) {
+        precondition(capacity > 0)
+        self.capacity = capacity
+        self.entries = Array(entries.suffix(capacity))
+    }
+
+    /// Appends `entry` unless the same loser of the same field is already logged.
+    /// Returns whether it was added.
+    @discardableResult
+    public mutating func record(_ entry: ConflictEntry) -> Bool {
+        if entries.contains(where: { $0.key == entry.key && $0.field == entry.field && $0.loser.dot == entry.loser.dot }) {
+            return false
+        }
+        entries.append(entry)
+        if entries.count > capacity { entries.removeFirst(entries.count - capacity) }
+        return true
+    }
+}

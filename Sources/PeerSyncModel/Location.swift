@@ -1,0 +1,16 @@
+import PeerSyncCRDT
+
+/// A place where shifts happen.
+public struct Location: SyncRecord, Hashable {
+    public static let collection = "locations"
+
+    public var id: UUID
+    public var name: String
+    public var address: String
+
+    public init(id: UUID = UUID(), name: String, address: String = "") {
+        self.id = id
+        self.name = name
+        self.address = address
+    }
+}

@@ -1,0 +1,163 @@
+import PeerSyncCRDT
+
+/// Everything one replica holds, as a value: its identity, clock, synced records and settings,
+/// device-local settings and conflict log. No I/O: the store persists it, the session ships
+/// the deltas its mutators return.
+///
+/// Every mutator that changes synced state returns the delta to send to peers (already applied
+/// here); `nil` means nothing changed.
+public struct ReplicaState: Sendable {
+    public let replicaID: ReplicaID
+    public var name: String
+    public private(set) var clock: HybridLogicalClock
+    public private(set) var records: RecordMap
+    public private(set) var localSettings: [String: FieldValue]
+    public private(set) var conflicts: ConflictLog
+
+    /// A new, empty replica.
+    public init(
+        replicaID: ReplicaID = .random(), name: String,
+        physicalClock: @escaping HybridLogicalClock.PhysicalClock = HybridLogicalClock.wallClock
+    ) {
+        self.init(replicaID: replicaID, name: name, records: RecordMap(), localSettings: [:],
+                  conflicts: ConflictLog(), physicalClock: physicalClock)
+    }
+
+    /// A replica from stored parts. The clock starts at the newest timestamp in `records` or
+    /// `clockFloor`, whichever is later, so writes after a restart still win.
+    public init(
+        replicaID: ReplicaID, name: String, records: RecordMap, localSettings: [String: FieldValue],
+        conflicts: ConflictLog, clockFloor: HLCTimestamp = .zero,
+        physicalClock: @escaping HybridLogicalClock.PhysicalClock = HybridLogicalClock.wallClock
+    ) {
+        self.replicaID = replicaID
+        self.name = name
+        self.records = records
+        self.localSettings = localSettings
+        self.conflicts = conflicts
+        var latest = records.maxTimestamp
+        latest.merge(clockFloor)
+        clock = HybridLogicalClock(latest: latest, physicalClock: physicalClock)
+    }
+
+    public var context: CausalContext { records.context }
+    public var digest: StateDigest { records.digest }
+
+    // MARK: - Fields
+
+    /// Writes `fields` of the record `key` as one event. Returns the delta.
+    @discardableResult
+    public mutating func write(_ fields: [String: FieldValue], to key: RecordKey) -> RecordMap {
+        records.write(fields, to: key, at: clock.tick(), by: replicaID)
+    }
+
+    /// Deletes the record `key`. Returns the delta, or nil if it is not visible.
+    @discardableResult
+    public mutating func delete(_ key: RecordKey) -> RecordMap? {
+        records.remove(key, by: replicaID)
+    }
+
+    /// Joins a delta received from a peer: advances the clock past its timestamps and logs
+    /// the concurrent overwrites it caused.
+    @discardableResult
+    public mutating func apply(_ delta: RecordMap) -> MergeOutcome {
+        let outcome = records.apply(delta)
+        clock.observe(outcome.maxTimestamp)
+        for conflict in outcome.conflicts {
+            conflicts.record(ConflictEntry(key: conflict.key, field: conflict.field, winner: conflict.winner,
+                                           loser: conflict.loser, detectedAt: clock.latest))
+        }
+        return outcome
+    }
+
+    /// What a peer with context `peer` lacks (the full state for an empty context).
+    public func delta(missingFrom peer: CausalContext) -> RecordMap {
+        records.delta(missingFrom: peer)
+    }
+
+    // MARK: - Typed records
+
+    /// Saves `record`: writes the fields whose values differ from the stored ones (all of them
+    /// if the record does not exist), as one event. Fields this type does not know are left as
+    /// they are. Returns the delta, or nil if nothing changed.
+    @discardableResult
+    public mutating func save<R: SyncRecord>(_ record: R) throws -> RecordMap? {
+        var fields = try FieldEncoder().encodeFields(record)
+        fields["id"] = nil
+        let key = record.recordKey
+        if let existing = records.record(key), existing.isVisible {
+            fields = fields.filter { existing.fields[$0.key]?.value != $0.value }
+            if fields.isEmpty { return nil }
+        }
+        return write(fields, to: key)
+    }
+
+    /// Deletes the record of type `R` with `id`. Returns the delta, or nil if it does not exist.
+    @discardableResult
+    public mutating func delete<R: SyncRecord>(_ type: R.Type, id: UUID) -> RecordMap? {
+        delete(RecordKey(collection: R.collection, id: id))
+    }
+
+    /// The visible record of type `R` with `id`, or nil.
+    public func fetch<R: SyncRecord>(_ type: R.Type, id: UUID) throws -> R? {
+        let key = RecordKey(collection: R.collection, id: id)
+        guard let state = records.record(key), state.isVisible else { return nil }
+        return try decode(type, id: id, state: state)
+    }
+
+    /// All visible records of type `R`, in no particular order.
+    public func fetchAll<R: SyncRecord>(_ type: R.Type) throws -> [R] {
+        try records.records(in: R.collection).compactMap { id, state in
+            state.isVisible ? try decode(type, id: id, state: state) : nil
+        }
+    }
+
+    /// Whether a visible record `key` exists.
+    public func contains(_ key: RecordKey) -> Bool {
+        records.record(key)?.isVisible ?? false
+    }
+
+    private func decode<R: SyncRecord>(_ type: R.Type, id: UUID, state: RecordState) throws -> R {
+        var fields = state.values
+        fields["id"] = .string(id.uuidString)
+        for reference in R.references {
+            guard case .string(let text)? = fields[reference.field] else { continue }
+            if let target = UUID(uuidString: text), contains(RecordKey(collection: reference.collection, id: target)) {
+                continue
+            }
+            fields[reference.field] = .null
+        }
+        return try FieldDecoder().decode(type, fromFields: fields)
+    }
+
+    // MARK: - Settings
+
+    /// Sets (or with `nil`, unsets) a setting. Synced settings return the delta to send;
+    /// local ones return nil.
+    @discardableResult
+    public mutating func setSetting(_ key: String, to value: FieldValue?, scope: SettingScope) -> RecordMap? {
+        switch scope {
+        case .local:
+            localSettings[key] = value
+            return nil
+        case .synced:
+            let newValue = value ?? .null
+            let current = records.record(.syncedSettings)?.fields[key]?.value
+            if current == newValue || (current == nil && newValue == .null) { return nil }
+            return write([key: newValue], to: .syncedSettings)
+        }
+    }
+
+    /// The value of a setting, or nil if unset.
+    public func setting(_ key: String, scope: SettingScope) -> FieldValue? {
+        settings(scope: scope)[key]
+    }
+
+    /// All set settings of one scope.
+    public func settings(scope: SettingScope) -> [String: FieldValue] {
+        switch scope {
+        case .local: localSettings
+        case .synced: (records.record(.syncedSettings)?.values ?? [:]).filter { $0.value != .null }
+        }
+    }
+}
