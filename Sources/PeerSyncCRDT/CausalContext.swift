@@ -75,15 +75,10 @@ public struct CausalContext: Hashable, Sendable {
     public mutating func merge(_ other: CausalContext) {
         for (replica, counter) in other.versionVector where counter > (versionVector[replica] ?? 0) {
             versionVector[replica] = counter
+            compact(replica)
         }
         for (replica, counters) in other.dotCloud {
-            let floor = versionVector[replica] ?? 0
-            for counter in counters where counter > floor {
-                dotCloud[replica, default: []].insert(counter)
-            }
-        }
-        for replica in Set(other.versionVector.keys).union(other.dotCloud.keys) {
-            compact(replica)
+            for counter in counters { insert(Dot(replica: replica, counter: counter)) }
         }
     }
 

@@ -193,7 +193,8 @@ public struct RecordMap: Sendable {
 
     private mutating func mergeContext(_ other: CausalContext) {
         if other.isEmpty { return }
-        let touched = other.replicas
+        var touched = Array(other.versionVector.keys)
+        for replica in other.dotCloud.keys where other.versionVector[replica] == nil { touched.append(replica) }
         for replica in touched { digest.remove(Self.contextHash(context, replica)) }
         context.merge(other)
         for replica in touched { digest.add(Self.contextHash(context, replica)) }

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, builds once (debug), fails on any compiler
+# warning in PeerSync's own code, runs the whole test suite, then smoke-runs the benchmarks.
+#   Scripts/test.sh            everything CI runs
+#   PEERSYNC_SEED=N Scripts/test.sh   replay randomized tests from seed N
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+
+Scripts/setup.sh
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+echo "== build (debug, with tests)"
+swift build --build-tests 2>&1 | tee "$log" | grep -E "error:|warning:|Compiling|Build complete" | grep -v "^\[" || true
+if ! grep -q "Build complete" "$log"; then
+  echo "build failed" >&2
+  tail -50 "$log" >&2
+  exit 1
+fi
+ours=$(grep -E "^$PWD/(Sources|Tests|Benchmarks|Examples)/.*: warning:" "$log" | sort -u || true)
+if [ -n "$ours" ]; then
+  echo "compiler warnings in PeerSync's own code (the house rule is none):" >&2
+  echo "$ours" >&2
+  exit 1
+fi
+
+echo "== tests"
+swift test --skip-build --disable-xctest 2>&1 | tee "$log" | grep -E "^(✘|✔ Test run|✘ Test run)|recorded an issue|Expectation failed|error" || true
+status=${PIPESTATUS[0]}
+if [ "$status" -ne 0 ]; then
+  echo "tests failed (exit $status); the failing cases are above, full output:" >&2
+  grep -E "✘|issue|seed" "$log" | head -50 >&2
+  exit "$status"
+fi
+
+echo "== benchmark smoke (quick mode; numbers are meaningless here, see docs/BENCHMARKS.md)"
+swift run --skip-build PeerSyncBenchmarks --quick
+
+echo "== all passed in $(( $(date +%s) - start )) s"

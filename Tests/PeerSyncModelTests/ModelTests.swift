@@ -1,0 +1,184 @@
+import PeerSyncCRDT
+import PeerSyncModel
+import PeerSyncTestSupport
+import Testing
+
+/// Version 2 of an app's location type: it added `phone`.
+struct LocationV2: SyncRecord, Equatable {
+    static let collection = Location.collection
+    var id: UUID
+    var name: String
+    var address: String
+    var phone: String?
+}
+
+@Suite("Typed records")
+struct TypedRecordTests {
+    func pair() -> (ReplicaState, ReplicaState) {
+        (ReplicaState(replicaID: testReplica(0), name: "a", physicalClock: { 1_000 }),
+         ReplicaState(replicaID: testReplica(1), name: "b", physicalClock: { 1_000 }))
+    }
+
+    @Test("save then fetch gives the record back; id is the key, not a field")
+    func roundTrip() throws {
+        var (a, _) = pair()
+        let office = Location(name: "Office", address: "Main St 1")
+        let delta = try a.save(office)
+        #expect(try a.fetch(Location.self, id: office.id) == office)
+        #expect(delta?.record(office.recordKey)?.fields.keys.sorted() == ["address", "name"])
+        #expect(try a.fetchAll(Location.self) == [office])
+    }
+
+    @Test("saving an unchanged record writes nothing; a change writes only that field")
+    func diffWrites() throws {
+        var (a, _) = pair()
+        var shift = ShiftType(symbol: "E", title: "Early", duration: 8 * 3600)
+        try a.save(shift)
+        #expect(try a.save(shift) == nil)
+        shift.title = "Early shift"
+        let delta = try must(a.save(shift))
+        #expect(delta.fieldCount == 1)
+        #expect(delta.record(shift.recordKey)?.fields["title"]?.value == "Early shift")
+    }
+
+    @Test("setting an optional to nil clears the field")
+    func nilClears() throws {
+        var (a, _) = pair()
+        let place = Location(name: "Ward 3")
+        var shift = ShiftType(symbol: "N", title: "Night", duration: 36_000, locationID: place.id)
+        try a.save(place)
+        try a.save(shift)
+        shift.locationID = nil
+        try a.save(shift)
+        #expect(try a.fetch(ShiftType.self, id: shift.id)?.locationID == nil)
+        #expect(a.records.record(shift.recordKey)?.fields["locationID"]?.value == .null)
+    }
+
+    @Test("fields unknown to an older app version survive its edits and merges")
+    func unknownFieldsSurvive() throws {
+        var (newer, older) = pair()
+        let id = UUID()
+        // The newer app writes a location with a phone number.
+        older.apply(try must(newer.save(LocationV2(id: id, name: "Depot", address: "Quay 4", phone: "+49 30 1234"))))
+        // The older app, which knows no phone field, renames the location.
+        var location = try must(older.fetch(Location.self, id: id))
+        location.name = "Depot North"
+        let edit = try must(older.save(location))
+        #expect(edit.record(location.recordKey)?.fields.keys.sorted() == ["name"])
+        newer.apply(edit)
+        // Both still carry the phone, and the newer app reads the rename and the phone.
+        #expect(older.records.record(location.recordKey)?.fields["phone"]?.value == "+49 30 1234")
+        #expect(try newer.fetch(LocationV2.self, id: id) == LocationV2(id: id, name: "Depot North", address: "Quay 4", phone: "+49 30 1234"))
+        // A third replica that only ever talks to the older one still receives the phone.
+        var third = ReplicaState(replicaID: testReplica(2), name: "c")
+        third.apply(older.delta(missingFrom: third.context))
+        #expect(try third.fetch(LocationV2.self, id: id)?.phone == "+49 30 1234")
+        #expect(third.digest == older.digest && older.digest == newer.digest)
+    }
+
+    @Test("a reference to a deleted location reads as nil, and nothing is written")
+    func danglingReferenceReadsNil() throws {
+        var (a, b) = pair()
+        let place = Location(name: "Ward 3")
+        let shift = ShiftType(symbol: "N", title: "Night", duration: 36_000, locationID: place.id)
+        b.apply(try must(a.save(place)))
+        b.apply(try must(a.save(shift)))
+        let digestBefore = b.digest
+        b.apply(try must(a.delete(Location.self, id: place.id)))
+        #expect(try b.fetch(ShiftType.self, id: shift.id)?.locationID == nil)
+        #expect(try b.fetch(Location.self, id: place.id) == nil)
+        // The shift type's stored field is untouched: only the location's presence changed.
+        #expect(b.records.record(shift.recordKey)?.fields["locationID"]?.value == .string(place.id.uuidString))
+        #expect(b.digest != digestBefore && b.digest == a.digest)
+    }
+
+    @Test("concurrent overwrite of one field lands in both conflict logs; separate fields do not")
+    func conflictLog() throws {
+        var a = ReplicaState(replicaID: testReplica(0), name: "a", physicalClock: { 1_000 })
+        var b = ReplicaState(replicaID: testReplica(1), name: "b", physicalClock: { 2_000 })
+        var shift = ShiftType(symbol: "E", title: "Early", duration: 28_800)
+        b.apply(try must(a.save(shift)))
+        shift.title = "From A"
+        let fromA = try must(a.save(shift))
+        shift.title = "From B"
+        let fromB = try must(b.save(shift))
+        a.apply(fromB)
+        b.apply(fromA)
+        b.apply(fromA)  // a duplicate delivery is not a second conflict
+        for replica in [a, b] {
+            #expect(replica.conflicts.entries.count == 1)
+            let entry = try #require(replica.conflicts.entries.first)
+            #expect(entry.field == "title" && entry.winner.value == "From B" && entry.loser.value == "From A")
+            #expect(try replica.fetch(ShiftType.self, id: shift.id)?.title == "From B")
+        }
+    }
+
+    @Test("the conflict log is bounded")
+    func conflictLogBounded() {
+        var log = ConflictLog(capacity: 3)
+        for i in 0..<10 {
+            let loser = FieldRegister(value: .int(Int64(i)), timestamp: .zero, dot: Dot(replica: testReplica(0), counter: UInt64(i + 1)), supersedes: .zero)
+            log.record(ConflictEntry(key: .syncedSettings, field: "f", winner: loser, loser: loser, detectedAt: .zero))
+        }
+        #expect(log.entries.map(\.loser.value) == [7, 8, 9])
+    }
+}
+
+@Suite("Settings")
+struct SettingsTests {
+    @Test("synced settings travel, local settings never do")
+    func scopes() throws {
+        var a = ReplicaState(replicaID: testReplica(0), name: "a")
+        var b = ReplicaState(replicaID: testReplica(1), name: "b")
+        let synced = try must(a.setSetting(SettingKey.weekStart, to: 1, scope: .synced))
+        #expect(a.setSetting(SettingKey.powerMode, to: "low", scope: .local) == nil)
+        b.apply(synced)
+        b.apply(a.delta(missingFrom: b.context))
+        #expect(b.setting(SettingKey.weekStart, scope: .synced) == 1)
+        #expect(b.setting(SettingKey.powerMode, scope: .local) == nil)
+        #expect(a.setting(SettingKey.powerMode, scope: .local) == "low")
+        #expect(a.settings(scope: .synced) == [SettingKey.weekStart: 1])
+    }
+
+    @Test("unsetting a synced key syncs the removal; setting the same value is a no-op")
+    func unset() throws {
+        var a = ReplicaState(replicaID: testReplica(0), name: "a")
+        var b = ReplicaState(replicaID: testReplica(1), name: "b")
+        b.apply(try must(a.setSetting(SettingKey.retentionDays, to: 30, scope: .synced)))
+        #expect(a.setSetting(SettingKey.retentionDays, to: 30, scope: .synced) == nil)
+        b.apply(try must(a.setSetting(SettingKey.retentionDays, to: nil, scope: .synced)))
+        #expect(b.setting(SettingKey.retentionDays, scope: .synced) == nil)
+        #expect(b.settings(scope: .synced).isEmpty)
+    }
+}
+
+@Suite("Field coding")
+struct FieldCodingTests {
+    struct Nested: Codable, Equatable {
+        struct Inner: Codable, Equatable { var tags: [String]; var weight: Double? }
+        var inner: Inner
+        var list: [Inner]
+        var big: UInt64
+        var small: Int8
+        var flag: Bool
+        var data: Data
+        var date: Date
+    }
+
+    @Test("nested structs, arrays, optionals, Data and Date round-trip")
+    func roundTrip() throws {
+        let value = Nested(inner: .init(tags: ["a", "b"], weight: nil), list: [.init(tags: [], weight: 2.5)],
+                           big: 1 << 40, small: -3, flag: true, data: Data([1, 2, 3]), date: Date(timeIntervalSince1970: 1_000))
+        let encoded = try FieldEncoder().encode(value)
+        #expect(try FieldDecoder().decode(Nested.self, from: encoded) == value)
+    }
+
+    @Test("a type mismatch names the field")
+    func mismatchNamesField() {
+        #expect {
+            _ = try FieldDecoder().decode(Location.self, fromFields: ["id": .string(UUID().uuidString), "name": .int(3), "address": ""])
+        } throws: { error in
+            "\(error)".contains("name")
+        }
+    }
+}
