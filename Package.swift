@@ -16,11 +16,16 @@ let package = Package(
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
     ],
     targets: [
         .target(name: "PeerSyncCRDT"),
         .target(name: "PeerSyncModel", dependencies: ["PeerSyncCRDT"]),
-        .target(name: "PeerSync", dependencies: ["PeerSyncCRDT", "PeerSyncModel"]),
+        .target(
+            name: "PeerSyncStore",
+            dependencies: ["PeerSyncCRDT", "PeerSyncModel", .product(name: "GRDB", package: "GRDB.swift")]
+        ),
+        .target(name: "PeerSync", dependencies: ["PeerSyncCRDT", "PeerSyncModel", "PeerSyncStore"]),
         .executableTarget(
             name: "peersync",
             dependencies: [
@@ -30,12 +35,21 @@ let package = Package(
         ),
         .executableTarget(
             name: "PeerSyncBenchmarks",
-            dependencies: ["PeerSyncCRDT", "PeerSyncModel"],
+            dependencies: ["PeerSyncCRDT", "PeerSyncModel", "PeerSyncStore"],
             path: "Benchmarks/PeerSyncBenchmarks"
         ),
         .target(name: "PeerSyncTestSupport", dependencies: ["PeerSyncCRDT"], path: "Tests/PeerSyncTestSupport"),
         .testTarget(name: "PeerSyncCRDTTests", dependencies: ["PeerSyncCRDT", "PeerSyncTestSupport"]),
         .testTarget(name: "PeerSyncModelTests", dependencies: ["PeerSyncModel", "PeerSyncCRDT", "PeerSyncTestSupport"]),
+        .executableTarget(
+            name: "peersync-store-child",
+            dependencies: ["PeerSyncStore", "PeerSyncModel"],
+            path: "Tests/StoreChild"
+        ),
+        .testTarget(
+            name: "PeerSyncStoreTests",
+            dependencies: ["PeerSyncStore", "PeerSyncModel", "PeerSyncCRDT", "PeerSyncTestSupport", "peersync-store-child"]
+        ),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -25,6 +25,8 @@ public struct ConflictLog: Sendable, Equatable {
 
     public let capacity: Int
     public private(set) var entries: [ConflictEntry] = []
+    /// How many entries were ever added (the store persists the ones added since it last looked).
+    public private(set) var totalRecorded = 0
 
     public init(capacity: Int = ConflictLog.defaultCapacity, entries: [ConflictEntry] = []) {
         precondition(capacity > 0)
@@ -40,6 +42,7 @@ public struct ConflictLog: Sendable, Equatable {
             return false
         }
         entries.append(entry)
+        totalRecorded += 1
         if entries.count > capacity { entries.removeFirst(entries.count - capacity) }
         return true
     }

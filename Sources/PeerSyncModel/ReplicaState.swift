@@ -84,7 +84,14 @@ public struct ReplicaState: Sendable {
     public mutating func save<R: SyncRecord>(_ record: R) throws -> RecordMap? {
         var fields = try FieldEncoder().encodeFields(record)
         fields["id"] = nil
-        let key = record.recordKey
+        return upsert(fields, to: record.recordKey)
+    }
+
+    /// Writes the given fields of `key` whose values differ from the stored ones (all of them if
+    /// the record is not visible), as one event. Returns the delta, or nil if nothing changed.
+    @discardableResult
+    public mutating func upsert(_ fields: [String: FieldValue], to key: RecordKey) -> RecordMap? {
+        var fields = fields
         if let existing = records.record(key), existing.isVisible {
             fields = fields.filter { existing.fields[$0.key]?.value != $0.value }
             if fields.isEmpty { return nil }

@@ -1,6 +1,7 @@
 /// A value that a test needed was nil.
 public struct MissingValue: Error, CustomStringConvertible {
     public let description: String
+    public init(description: String) { self.description = description }
 }
 
 /// Unwraps `value` or throws, naming the place. Unlike `#require`, it takes expressions

@@ -1,0 +1,339 @@
+/// Compact binary forms of CRDT state, for storage and the wire.
+///
+/// Every blob starts with a table of the replica IDs it mentions, so a 16-byte ID appears once
+/// per blob and is referred to by a varint index after that:
+///
+/// ```
+/// blob          = replica-table body
+/// replica-table = varint(n) n × 16-byte replica ID (high 8 bytes big-endian, then low 8)
+/// ```
+///
+/// Decoding never traps: every count is checked against the bytes left, every index against the
+/// table, and state invariants (unique names, counters ≥ 1, `supersedes < timestamp`) are
+/// checked, so bytes from a hostile peer produce a ``BinaryDecodingError``, not a crash or a
+/// state that breaks the join laws.
+public enum BinaryDecodingError: Error, Equatable, CustomStringConvertible {
+    case truncated(String)
+    case invalid(String)
+    case unsupportedVersion(UInt8)
+
+    public var description: String {
+        switch self {
+        case .truncated(let what): "truncated \(what)"
+        case .invalid(let what): "invalid \(what)"
+        case .unsupportedVersion(let v): "unsupported encoding version \(v)"
+        }
+    }
+}
+
+struct BlobWriter {
+    var body: [UInt8] = []
+    private var table: [ReplicaID] = []
+    private var index: [ReplicaID: UInt64] = [:]
+
+    init() { body.reserveCapacity(128) }
+
+    mutating func replica(_ id: ReplicaID) {
+        if let i = index[id] {
+            Varint.append(i, to: &body)
+        } else {
+            let i = UInt64(table.count)
+            table.append(id)
+            index[id] = i
+            Varint.append(i, to: &body)
+        }
+    }
+
+    mutating func varint(_ v: UInt64) { Varint.append(v, to: &body) }
+
+    mutating func string(_ s: String) {
+        Varint.append(UInt64(s.utf8.count), to: &body)
+        body.append(contentsOf: s.utf8)
+    }
+
+    mutating func uuid(_ id: UUID) {
+        withUnsafeBytes(of: id.uuid) { body.append(contentsOf: $0) }
+    }
+
+    func finish(prefix: [UInt8] = []) -> [UInt8] {
+        var out = prefix
+        out.reserveCapacity(prefix.count + 1 + table.count * 16 + body.count)
+        Varint.append(UInt64(table.count), to: &out)
+        for id in table {
+            for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: id.high >> UInt64(shift))) }
+            for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: id.low >> UInt64(shift))) }
+        }
+        out.append(contentsOf: body)
+        return out
+    }
+}
+
+struct BlobReader {
+    var reader: ByteReader
+    let table: [ReplicaID]
+
+    init(_ bytes: [UInt8], skipping prefix: Int = 0) throws(BinaryDecodingError) {
+        reader = ByteReader(bytes)
+        guard reader.readBytes(prefix) != nil else { throw .truncated("header") }
+        guard let count = reader.readVarint(), count <= UInt64(reader.remaining / 16) else {
+            throw .truncated("replica table")
+        }
+        var table: [ReplicaID] = []
+        table.reserveCapacity(Int(count))
+        for _ in 0..<count {
+            let raw = reader.readBytes(16)!
+            var high: UInt64 = 0
+            var low: UInt64 = 0
+            for (i, byte) in raw.enumerated() {
+                if i < 8 { high = high << 8 | UInt64(byte) } else { low = low << 8 | UInt64(byte) }
+            }
+            table.append(ReplicaID(high: high, low: low))
+        }
+        guard Set(table).count == table.count else { throw .invalid("replica table (duplicate ID)") }
+        self.table = table
+    }
+
+    mutating func varint(_ what: String) throws(BinaryDecodingError) -> UInt64 {
+        guard let v = reader.readVarint() else { throw .truncated(what) }
+        return v
+    }
+
+    /// A count of items that each take at least one byte.
+    mutating func count(_ what: String) throws(BinaryDecodingError) -> Int {
+        let n = try varint(what)
+        guard n <= UInt64(reader.remaining) else { throw .truncated(what) }
+        return Int(n)
+    }
+
+    mutating func replica(_ what: String) throws(BinaryDecodingError) -> ReplicaID {
+        let i = try varint(what)
+        guard i < UInt64(table.count) else { throw .invalid("\(what) (replica index \(i) of \(table.count))") }
+        return table[Int(i)]
+    }
+
+    mutating func counter(_ what: String) throws(BinaryDecodingError) -> UInt64 {
+        let c = try varint(what)
+        guard c >= 1 else { throw .invalid("\(what) (counter 0)") }
+        return c
+    }
+
+    mutating func string(_ what: String) throws(BinaryDecodingError) -> String {
+        guard let bytes = reader.readLengthPrefixed() else { throw .truncated(what) }
+        guard let s = String(validating: bytes, as: UTF8.self) else { throw .invalid("\(what) (not UTF-8)") }
+        return s
+    }
+
+    mutating func uuid(_ what: String) throws(BinaryDecodingError) -> UUID {
+        guard let b = reader.readBytes(16) else { throw .truncated(what) }
+        let a = Array(b)
+        return UUID(uuid: (a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]))
+    }
+
+    mutating func value(_ what: String) throws(BinaryDecodingError) -> FieldValue {
+        do {
+            return try FieldValue.decode(from: &reader, depth: 0)
+        } catch {
+            throw .invalid("\(what): \(error)")
+        }
+    }
+
+    func expectEnd(_ what: String) throws(BinaryDecodingError) {
+        guard reader.isAtEnd else { throw .invalid("\(what) (\(reader.remaining) trailing bytes)") }
+    }
+}
+
+// MARK: - RecordState
+
+extension RecordState {
+    /// ```
+    /// record   = varint(base) varint(#fields) field… varint(#presence) presence…
+    /// field    = string(name) value varint(timestamp − base) varint(writer) varint(counter)
+    ///            varint(supersedes == 0 ? 0 : timestamp − supersedes)
+    /// presence = varint(replica) varint(counter) 00            (live)
+    ///          | varint(replica) varint(counter) 01 varint(remover) varint(remover counter)
+    /// ```
+    /// `base` is the smallest field timestamp, so fields written together cost one byte each.
+    func encode(into w: inout BlobWriter) {
+        let base = fields.values.map(\.timestamp.rawValue).min() ?? 0
+        w.varint(base)
+        w.varint(UInt64(fields.count))
+        for (name, register) in fields.sorted(by: { $0.key < $1.key }) {
+            w.string(name)
+            register.value.encode(into: &w.body)
+            w.varint(register.timestamp.rawValue &- base)
+            w.replica(register.dot.replica)
+            w.varint(register.dot.counter)
+            w.varint(register.supersedes == .zero ? 0 : register.timestamp.rawValue &- register.supersedes.rawValue)
+        }
+        w.varint(UInt64(presence.count))
+        for (replica, entry) in presence.sorted(by: { $0.key < $1.key }) {
+            w.replica(replica)
+            w.varint(entry.counter)
+            if let removedBy = entry.removedBy {
+                w.varint(1)
+                w.replica(removedBy.replica)
+                w.varint(removedBy.counter)
+            } else {
+                w.varint(0)
+            }
+        }
+    }
+
+    static func decode(from r: inout BlobReader) throws(BinaryDecodingError) -> RecordState {
+        var state = RecordState()
+        let base = try r.varint("record base timestamp")
+        let fieldCount = try r.count("field count")
+        for _ in 0..<fieldCount {
+            let name = try r.string("field name")
+            let value = try r.value("field \(name) value")
+            let offset = try r.varint("field timestamp")
+            let (timestamp, overflow) = base.addingReportingOverflow(offset)
+            guard !overflow else { throw .invalid("field \(name) timestamp") }
+            let writer = try r.replica("field writer")
+            let counter = try r.counter("field dot")
+            let back = try r.varint("field supersedes")
+            guard back <= timestamp else { throw .invalid("field \(name) supersedes a later value") }
+            let supersedes = back == 0 ? HLCTimestamp.zero : HLCTimestamp(rawValue: timestamp - back)
+            guard state.fields[name] == nil else { throw .invalid("record (field \(name) twice)") }
+            state.fields[name] = FieldRegister(
+                value: value, timestamp: HLCTimestamp(rawValue: timestamp),
+                dot: Dot(replica: writer, counter: counter), supersedes: supersedes)
+        }
+        let presenceCount = try r.count("presence count")
+        for _ in 0..<presenceCount {
+            let replica = try r.replica("presence replica")
+            let counter = try r.counter("presence counter")
+            let removedBy: Dot?
+            switch try r.varint("presence flag") {
+            case 0: removedBy = nil
+            case 1: removedBy = Dot(replica: try r.replica("remover"), counter: try r.counter("remover counter"))
+            default: throw .invalid("presence flag")
+            }
+            guard state.presence[replica] == nil else { throw .invalid("record (presence entry twice)") }
+            state.presence[replica] = PresenceEntry(counter: counter, removedBy: removedBy)
+        }
+        guard !state.isEmpty else { throw .invalid("record (empty)") }
+        return state
+    }
+
+    /// The record as one self-contained blob (the store keeps one per record).
+    public func encodedBlob() -> [UInt8] {
+        var w = BlobWriter()
+        encode(into: &w)
+        return w.finish()
+    }
+
+    public init(blob: [UInt8]) throws(BinaryDecodingError) {
+        var r = try BlobReader(blob)
+        self = try RecordState.decode(from: &r)
+        try r.expectEnd("record")
+    }
+}
+
+// MARK: - CausalContext
+
+extension CausalContext {
+    /// ```
+    /// context = varint(#replicas) (varint(replica) varint(contiguous) varint(#cloud) varint(gap)…)…
+    /// ```
+    /// Cloud counters are ascending, each written as its distance from the previous one (the
+    /// first from `contiguous`), so every gap is ≥ 1.
+    func encode(into w: inout BlobWriter) {
+        let replicas = replicas.sorted()
+        w.varint(UInt64(replicas.count))
+        for replica in replicas {
+            let contiguous = versionVector[replica] ?? 0
+            w.replica(replica)
+            w.varint(contiguous)
+            let cloud = (dotCloud[replica] ?? []).sorted()
+            w.varint(UInt64(cloud.count))
+            var previous = contiguous
+            for counter in cloud {
+                w.varint(counter - previous)
+                previous = counter
+            }
+        }
+    }
+
+    static func decode(from r: inout BlobReader) throws(BinaryDecodingError) -> CausalContext {
+        var context = CausalContext()
+        let count = try r.count("context size")
+        var seen = Set<ReplicaID>()
+        for _ in 0..<count {
+            let replica = try r.replica("context replica")
+            guard seen.insert(replica).inserted else { throw .invalid("context (replica twice)") }
+            var previous = try r.varint("context counter")
+            if previous > 0 { context.merge(CausalContext(versionVector: [replica: previous])) }
+            let cloudCount = try r.count("context cloud size")
+            for _ in 0..<cloudCount {
+                let gap = try r.varint("context cloud gap")
+                let (next, overflow) = previous.addingReportingOverflow(gap)
+                guard gap >= 1, !overflow else { throw .invalid("context cloud gap") }
+                context.insert(Dot(replica: replica, counter: next))
+                previous = next
+            }
+        }
+        return context
+    }
+
+    public func encodedBlob() -> [UInt8] {
+        var w = BlobWriter()
+        encode(into: &w)
+        return w.finish()
+    }
+
+    public init(blob: [UInt8]) throws(BinaryDecodingError) {
+        var r = try BlobReader(blob)
+        self = try CausalContext.decode(from: &r)
+        try r.expectEnd("context")
+    }
+}
+
+// MARK: - RecordMap
+
+extension RecordMap {
+    /// Version byte of ``encoded()``.
+    public static let encodingVersion: UInt8 = 1
+
+    /// ```
+    /// map = 01 replica-table context varint(#collections)
+    ///       (string(collection) varint(#records) (16-byte record UUID, record)…)…
+    /// ```
+    public func encoded() -> [UInt8] {
+        var w = BlobWriter()
+        context.encode(into: &w)
+        w.varint(UInt64(collections.count))
+        for (collection, records) in collections.sorted(by: { $0.key < $1.key }) {
+            w.string(collection)
+            w.varint(UInt64(records.count))
+            for (id, state) in records {
+                w.uuid(id)
+                state.encode(into: &w)
+            }
+        }
+        return w.finish(prefix: [Self.encodingVersion])
+    }
+
+    public init(decoding bytes: [UInt8]) throws(BinaryDecodingError) {
+        guard let version = bytes.first else { throw .truncated("delta") }
+        guard version == Self.encodingVersion else { throw .unsupportedVersion(version) }
+        var r = try BlobReader(bytes, skipping: 1)
+        let context = try CausalContext.decode(from: &r)
+        var map = RecordMap()
+        let collectionCount = try r.count("collection count")
+        for _ in 0..<collectionCount {
+            let collection = try r.string("collection name")
+            guard map.collections[collection] == nil else { throw .invalid("delta (collection \(collection) twice)") }
+            let recordCount = try r.count("record count")
+            for _ in 0..<recordCount {
+                let key = RecordKey(collection: collection, id: try r.uuid("record ID"))
+                let state = try RecordState.decode(from: &r)
+                guard map.record(key) == nil else { throw .invalid("delta (record \(key) twice)") }
+                map.insert(key, state)
+            }
+        }
+        try r.expectEnd("delta")
+        map.setContext(context)
+        self = map
+    }
+}

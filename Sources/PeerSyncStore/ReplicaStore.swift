@@ -1,0 +1,435 @@
+import Foundation
+import GRDB
+import PeerSyncCRDT
+import PeerSyncModel
+import Synchronization
+
+/// One replica on disk: an SQLite file (WAL) in a directory, and the replica's state in memory.
+///
+/// - Every change is one transaction: a local edit is reported done only after its delta, the
+///   context and the clock commit together; a remote delta applies whole or not at all. If the
+///   transaction fails (disk full, read-only, …) the in-memory state is left as it was.
+/// - Several processes may share one store (the CLI beside a running node). Each commit also
+///   appends its delta to a journal; before every write, and on ``refresh()``, a process joins the
+///   journal entries it has not seen — only the new changes, never the whole store. A process
+///   notices another's commit through `PRAGMA data_version` on a dedicated connection.
+///
+/// All methods are thread-safe; writes of one process are serialized.
+public final class ReplicaStore: Sendable {
+    /// The file name inside the store directory.
+    public static let fileName = "replica.sqlite"
+    /// A delta larger than this is journaled as "reload" instead of its bytes.
+    static let largestJournaledDelta = 1 << 20
+    /// Journal entries kept (older ones are pruned); a reader further behind reloads.
+    static let journalLength: Int64 = 10_000
+
+    public let directory: String
+    public let path: String
+    private let pool: DatabasePool
+    private let observer: DatabaseQueue
+    private let inner: Mutex<Inner>
+    private let physicalClock: HybridLogicalClock.PhysicalClock
+
+    private struct Inner: Sendable {
+        var state: ReplicaState
+        /// Highest journal sequence number this process has joined.
+        var position: Int64
+        var dataVersion: Int?
+        var commitsSincePrune = 0
+    }
+
+    // MARK: - Opening
+
+    /// Creates a new replica in `directory` (made if missing). Fails if one is already there.
+    public static func create(
+        directory: String, name: String, replicaID: ReplicaID = .random(),
+        physicalClock: @escaping HybridLogicalClock.PhysicalClock = HybridLogicalClock.wallClock
+    ) throws(StoreError) -> ReplicaStore {
+        let path = Self.path(in: directory)
+        do {
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        } catch {
+            throw .cannotOpen(path: directory, detail: "cannot create the directory: \(error.localizedDescription)")
+        }
+        if FileManager.default.fileExists(atPath: path) {
+            if let existing = try? open(directory: directory) {
+                throw .alreadyExists(directory: directory, replicaID: existing.replicaID.description)
+            }
+            throw .notAStore(path: path, detail: "a file is already there")
+        }
+        let pool = try openPool(path)
+        do {
+            try Schema.migrator.migrate(pool)
+            try pool.write { db in
+                try ReplicaRow(
+                    replicaID: replicaID.description, name: name,
+                    createdAt: Int64(HybridLogicalClock.wallClock()), clock: 0,
+                    context: Data(CausalContext().encodedBlob())
+                ).insert(db)
+            }
+        } catch {
+            try? FileManager.default.removeItem(atPath: path)
+            throw StoreError.wrap(error, path: path)
+        }
+        return try ReplicaStore(directory: directory, path: path, pool: pool, physicalClock: physicalClock)
+    }
+
+    /// Opens the replica in `directory`.
+    public static func open(
+        directory: String,
+        physicalClock: @escaping HybridLogicalClock.PhysicalClock = HybridLogicalClock.wallClock
+    ) throws(StoreError) -> ReplicaStore {
+        let path = Self.path(in: directory)
+        guard FileManager.default.fileExists(atPath: path) else { throw .missing(directory: directory) }
+        let pool = try openPool(path)
+        do {
+            let (isOurs, unknown) = try pool.read { db in
+                (try db.tableExists(ReplicaRow.databaseTableName),
+                 try Schema.migrator.appliedIdentifiers(db).subtracting(Schema.migrator.migrations))
+            }
+            guard isOurs else {
+                throw StoreError.notAStore(path: path, detail: "an SQLite database without PeerSync tables")
+            }
+            guard unknown.isEmpty else { throw StoreError.newerFormat(path: path, unknownMigrations: unknown.sorted()) }
+            try Schema.migrator.migrate(pool)
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+        return try ReplicaStore(directory: directory, path: path, pool: pool, physicalClock: physicalClock)
+    }
+
+    /// The database file of the replica in `directory`.
+    public static func path(in directory: String) -> String {
+        (directory as NSString).appendingPathComponent(fileName)
+    }
+
+    private static func openPool(_ path: String) throws(StoreError) -> DatabasePool {
+        var config = Configuration()
+        config.busyMode = .timeout(10)
+        config.label = "PeerSync store"
+        do {
+            return try DatabasePool(path: path, configuration: config)
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+
+    private init(directory: String, path: String, pool: DatabasePool,
+                 physicalClock: @escaping HybridLogicalClock.PhysicalClock) throws(StoreError) {
+        self.directory = directory
+        self.path = path
+        self.pool = pool
+        self.physicalClock = physicalClock
+        do {
+            observer = try DatabaseQueue(path: path)
+            let (state, position) = try pool.read { db in
+                (try Self.loadState(db, physicalClock: physicalClock),
+                 try Int64.fetchOne(db, sql: "SELECT max(seq) FROM journal") ?? 0)
+            }
+            let version = try observer.inDatabase { try Int.fetchOne($0, sql: "PRAGMA data_version") }
+            inner = Mutex(Inner(state: state, position: position, dataVersion: version))
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+
+    // MARK: - Reading
+
+    /// A snapshot of the replica's state as this process last saw it (see ``refresh()``).
+    public var state: ReplicaState { inner.withLock { $0.state } }
+
+    public var replicaID: ReplicaID { state.replicaID }
+
+    /// The newest conflicts, oldest first, as stored (all processes' detections).
+    public func conflicts(limit: Int = ConflictLog.defaultCapacity) throws(StoreError) -> [ConflictEntry] {
+        try read { db in
+            try ConflictRow.order(ConflictRow.Columns.seq.desc).limit(limit).fetchAll(db).reversed().map { try $0.entry() }
+        }
+    }
+
+    /// The newest journal entries, oldest first.
+    public func journal(limit: Int = 100) throws(StoreError) -> [JournalEntry] {
+        try read { db in
+            try JournalRow.order(JournalRow.Columns.seq.desc).limit(limit).fetchAll(db).reversed().map { row in
+                JournalEntry(
+                    sequence: row.seq ?? 0, committedAt: row.committedAt, origin: row.origin, summary: row.summary,
+                    delta: try row.delta.map { try RecordMap(decoding: Array($0)) })
+            }
+        }
+    }
+
+    /// Counts of visible records per collection, computed in SQL.
+    public func visibleCounts() throws(StoreError) -> [String: Int] {
+        try read { db in
+            var counts: [String: Int] = [:]
+            for row in try Row.fetchAll(db, sql: "SELECT collection, count(*) FROM record WHERE visible GROUP BY collection") {
+                counts[row[0]] = row[1]
+            }
+            return counts
+        }
+    }
+
+    /// Size of the database file and its WAL, in bytes.
+    public func bytesOnDisk() -> Int {
+        [path, path + "-wal"].reduce(0) { total, file in
+            total + ((try? FileManager.default.attributesOfItem(atPath: file)[.size] as? Int) ?? 0)
+        }
+    }
+
+    // MARK: - Writing
+
+    /// Runs a local change as one transaction. `body` mutates the state and returns the delta
+    /// of what it did (join several with `merge`); the delta, the context, the clock, any new
+    /// local settings and conflicts commit together. Returns the committed delta.
+    ///
+    /// Before `body` runs, changes other processes committed are joined, so `body` sees the
+    /// latest state and takes a fresh dot. If `body` throws, nothing is written.
+    @discardableResult
+    public func write(_ body: (inout ReplicaState) throws -> RecordMap?) throws -> RecordMap? {
+        try transaction(origin: "local") { state in
+            let delta = try body(&state)
+            return (delta, delta)
+        }
+    }
+
+    /// Joins a delta received from a peer in one transaction and returns what changed.
+    /// A delta that changes nothing writes nothing.
+    @discardableResult
+    public func applyRemote(_ delta: RecordMap, from origin: String) throws(StoreError) -> MergeOutcome {
+        do {
+            return try transaction(origin: origin) { state in
+                let before = state.context
+                let outcome = state.apply(delta)
+                let changed = !outcome.isEmpty || state.context != before
+                return (outcome, changed ? delta : nil)
+            }
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+
+    /// Renames the replica (local only).
+    public func rename(_ name: String) throws(StoreError) {
+        do {
+            try run { db in try db.execute(sql: "UPDATE replica SET name = ?", arguments: [name]) }
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+        inner.withLock { $0.state.name = name }
+    }
+
+    /// Joins what other processes committed since this one last looked. Cheap when nothing
+    /// changed (one `PRAGMA data_version`). Returns the changes, in commit order.
+    public func refresh() throws(StoreError) -> [StoreChange] {
+        do {
+            let version = try observer.inDatabase { try Int.fetchOne($0, sql: "PRAGMA data_version") }
+            return try inner.withLock { inner in
+                if version == inner.dataVersion { return [] }
+                inner.dataVersion = version
+                return try pool.read { db in try self.catchUp(db, &inner.state, &inner.position) }
+            }
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+
+    /// Polls ``refresh()`` every `interval` and yields each change other processes commit.
+    /// The stream ends with an error if the store fails; cancel the consuming task to stop.
+    public func externalChanges(every interval: Duration = .milliseconds(5)) -> AsyncThrowingStream<StoreChange, any Error> {
+        AsyncThrowingStream { continuation in
+            let task = Task {
+                do {
+                    while !Task.isCancelled {
+                        for change in try self.refresh() { continuation.yield(change) }
+                        try await Task.sleep(for: interval)
+                    }
+                    continuation.finish()
+                } catch is CancellationError {
+                    continuation.finish()
+                } catch {
+                    continuation.finish(throwing: error)
+                }
+            }
+            continuation.onTermination = { _ in task.cancel() }
+        }
+    }
+
+    // MARK: - Transactions
+
+    /// A write transaction (BEGIN IMMEDIATE). Storage errors come out as ``StoreError``; errors
+    /// `body` throws itself come out unchanged.
+    private func run<T>(_ body: (Database) throws -> T) throws -> T {
+        do {
+            return try pool.writeWithoutTransaction { db in
+                var result: T?
+                try db.inTransaction(.immediate) {
+                    result = try body(db)
+                    return .commit
+                }
+                return result!
+            }
+        } catch {
+            throw StoreError.wrapIfStorage(error, path: path)
+        }
+    }
+
+    private func read<T>(_ body: (Database) throws -> T) throws(StoreError) -> T {
+        do {
+            return try pool.read(body)
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+
+    /// The shape of every state change: catch up, mutate a copy, persist what the delta touched,
+    /// commit, and only then publish the new state.
+    private func transaction<T: Sendable>(
+        origin: String, _ body: (inout ReplicaState) throws -> (T, RecordMap?)
+    ) throws -> T {
+        try inner.withLock { inner in
+            var state = inner.state
+            var position = inner.position
+            let result: T = try run { db in
+                _ = try catchUp(db, &state, &position)
+                let conflictsBefore = state.conflicts.totalRecorded
+                let localBefore = state.localSettings
+                let (result, delta) = try body(&state)
+                let newConflicts = state.conflicts.entries.suffix(min(state.conflicts.totalRecorded - conflictsBefore,
+                                                                      state.conflicts.entries.count))
+                try persist(db, state: state, delta: delta, localBefore: localBefore,
+                            conflicts: Array(newConflicts), origin: origin, position: &position)
+                return result
+            }
+            inner.state = state
+            inner.position = position
+            inner.commitsSincePrune += 1
+            if inner.commitsSincePrune >= 256 {
+                inner.commitsSincePrune = 0
+                try? run { db in
+                    try db.execute(sql: "DELETE FROM journal WHERE seq <= ?", arguments: [position - Self.journalLength])
+                    try db.execute(sql: "DELETE FROM conflict WHERE seq <= (SELECT max(seq) FROM conflict) - ?",
+                                   arguments: [ConflictLog.defaultCapacity])
+                }
+            }
+            return result
+        }
+    }
+
+    private func persist(
+        _ db: Database, state: ReplicaState, delta: RecordMap?, localBefore: [String: FieldValue],
+        conflicts: [ConflictEntry], origin: String, position: inout Int64
+    ) throws {
+        if let delta {
+            let upsert = try db.cachedStatement(sql: """
+                INSERT INTO record (collection, id, visible, state) VALUES (?, ?, ?, ?)
+                ON CONFLICT (collection, id) DO UPDATE SET visible = excluded.visible, state = excluded.state
+                """)
+            for (collection, records) in delta.collections {
+                for id in records.keys {
+                    guard let record = state.records.record(RecordKey(collection: collection, id: id)) else { continue }
+                    try upsert.execute(arguments: [collection, id.data, record.isVisible, Data(record.encodedBlob())])
+                }
+            }
+            try db.execute(sql: "UPDATE replica SET clock = ?, context = ?", arguments: [
+                Int64(bitPattern: state.clock.latest.rawValue), Data(state.context.encodedBlob()),
+            ])
+            let bytes = delta.encoded()
+            var row = JournalRow(
+                committedAt: Int64(physicalClock()), origin: origin,
+                summary: Self.summary(of: delta),
+                delta: bytes.count <= Self.largestJournaledDelta ? Data(bytes) : nil)
+            try row.insert(db)
+            position = row.seq ?? position
+        }
+        for (key, value) in state.localSettings where localBefore[key] != value {
+            try LocalSettingRow(key: key, value: Data(value.encoded)).upsert(db)
+        }
+        for key in localBefore.keys where state.localSettings[key] == nil {
+            _ = try LocalSettingRow.deleteOne(db, key: key)
+        }
+        for conflict in conflicts {
+            try ConflictRow(conflict).insert(db)
+        }
+    }
+
+    /// Joins journal entries after `position` into `state`. An entry without a delta, or a gap
+    /// left by pruning, makes it reload the whole state instead.
+    private func catchUp(_ db: Database, _ state: inout ReplicaState, _ position: inout Int64) throws -> [StoreChange] {
+        let rows = try JournalRow.filter(JournalRow.Columns.seq > position).order(JournalRow.Columns.seq).fetchAll(db)
+        guard let first = rows.first else { return [] }
+        var changes: [StoreChange] = []
+        if first.seq! > position + 1 && position > 0 || rows.contains(where: { $0.delta == nil }) {
+            state = try Self.loadState(db, physicalClock: physicalClock, keeping: state.conflicts)
+            position = rows.last!.seq!
+            return [StoreChange(sequence: position, origin: "reload", delta: nil)]
+        }
+        for row in rows {
+            let delta = try RecordMap(decoding: Array(row.delta!))
+            state.apply(delta)
+            position = row.seq!
+            changes.append(StoreChange(sequence: position, origin: row.origin, delta: delta))
+        }
+        return changes
+    }
+
+    static func loadState(
+        _ db: Database, physicalClock: @escaping HybridLogicalClock.PhysicalClock, keeping conflicts: ConflictLog? = nil
+    ) throws -> ReplicaState {
+        guard let replica = try ReplicaRow.fetchOne(db) else {
+            throw BinaryDecodingError.invalid("replica row (missing)")
+        }
+        guard let replicaID = ReplicaID(hex: replica.replicaID) else {
+            throw BinaryDecodingError.invalid("replica ID \(replica.replicaID)")
+        }
+        let context = try CausalContext(blob: Array(replica.context))
+        var records: [(RecordKey, RecordState)] = []
+        let cursor = try Row.fetchCursor(db, sql: "SELECT collection, id, state FROM record")
+        while let row = try cursor.next() {
+            guard let id = UUID(data: row[1]) else { throw BinaryDecodingError.invalid("record ID") }
+            let blob: Data = row[2]
+            records.append((RecordKey(collection: row[0], id: id), try RecordState(blob: Array(blob))))
+        }
+        var localSettings: [String: FieldValue] = [:]
+        for row in try LocalSettingRow.fetchAll(db) {
+            localSettings[row.key] = try FieldValue(decoding: Array(row.value))
+        }
+        let log = try conflicts ?? ConflictLog(entries: ConflictRow.order(ConflictRow.Columns.seq.desc)
+            .limit(ConflictLog.defaultCapacity).fetchAll(db).reversed().map { try $0.entry() })
+        return ReplicaState(
+            replicaID: replicaID, name: replica.name, records: RecordMap(records: records, context: context),
+            localSettings: localSettings, conflicts: log,
+            clockFloor: HLCTimestamp(rawValue: UInt64(bitPattern: replica.clock)), physicalClock: physicalClock)
+    }
+
+    static func summary(of delta: RecordMap) -> String {
+        let records = delta.recordCount
+        let fields = delta.fieldCount
+        if records == 1, let (key, state) = delta.allRecords.first {
+            if state.fields.isEmpty && state.presence.values.contains(where: { !$0.isLive }) { return "deleted \(key)" }
+            return "wrote \(key) \(state.fields.keys.sorted().joined(separator: ","))"
+        }
+        return "\(records) records, \(fields) fields"
+    }
+}
+
+/// A change another process committed (or this one, for the journal reader).
+public struct StoreChange: Sendable {
+    /// The journal's sequence number.
+    public let sequence: Int64
+    /// "local", or the peer it came from, or "reload".
+    public let origin: String
+    /// The delta that was committed; nil if the state was reloaded whole (ship a full
+    /// anti-entropy round to peers then).
+    public let delta: RecordMap?
+}
+
+/// One committed transaction as the journal keeps it.
+public struct JournalEntry: Sendable {
+    public let sequence: Int64
+    /// Wall-clock milliseconds since 1970 at commit.
+    public let committedAt: Int64
+    public let origin: String
+    public let summary: String
+    /// nil for very large catch-ups, which are not kept.
+    public let delta: RecordMap?
+}

@@ -1,0 +1,54 @@
+import GRDB
+
+/// The store's tables. Migrations are named and never edited once shipped; a change is a new
+/// migration appended at the end.
+///
+/// ```
+/// replica       one row: identity, name, clock floor, causal context (blob)
+/// record        one row per record: (collection, id) → visible flag + RecordState blob
+/// localSetting  device-local settings, never synced
+/// conflict      the conflict log (bounded)
+/// journal       every committed change as a delta blob, for other processes and `peersync log`
+/// ```
+enum Schema {
+    static let migrator: DatabaseMigrator = {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("2026-11-21 v1: replica, record, localSetting, conflict, journal") { db in
+            try db.create(table: ReplicaRow.databaseTableName) { t in
+                t.column("singleton", .integer).primaryKey().check { $0 == 1 }
+                t.column("replicaID", .text).notNull()
+                t.column("name", .text).notNull()
+                t.column("createdAt", .integer).notNull()
+                t.column("clock", .integer).notNull()
+                t.column("context", .blob).notNull()
+            }
+            try db.create(table: RecordRow.databaseTableName, options: .withoutRowID) { t in
+                t.column("collection", .text).notNull()
+                t.column("id", .blob).notNull()
+                t.column("visible", .boolean).notNull()
+                t.column("state", .blob).notNull()
+                t.primaryKey(["collection", "id"])
+            }
+            try db.create(table: LocalSettingRow.databaseTableName) { t in
+                t.column("key", .text).primaryKey()
+                t.column("value", .blob).notNull()
+            }
+            try db.create(table: ConflictRow.databaseTableName) { t in
+                t.autoIncrementedPrimaryKey("seq")
+                t.column("collection", .text).notNull()
+                t.column("recordID", .blob).notNull()
+                t.column("field", .text).notNull()
+                t.column("registers", .blob).notNull()
+                t.column("detectedAt", .integer).notNull()
+            }
+            try db.create(table: JournalRow.databaseTableName) { t in
+                t.autoIncrementedPrimaryKey("seq")
+                t.column("committedAt", .integer).notNull()
+                t.column("origin", .text).notNull()
+                t.column("summary", .text).notNull()
+                t.column("delta", .blob)
+            }
+        }
+        return migrator
+    }()
+}
