@@ -11,7 +11,10 @@ struct Result: Codable {
 struct Benchmark: Sendable {
     let name: String
     let run: @Sendable (_ quick: Bool) -> Result
-    static let all: [Benchmark] = [CRDTBenchmarks.crdtApply, CRDTBenchmarks.crdtExtract, CRDTBenchmarks.modelSave]
+    static let all: [Benchmark] = [
+        CRDTBenchmarks.crdtApply, CRDTBenchmarks.crdtExtract, CRDTBenchmarks.modelSave,
+        StoreBenchmarks.fullStateCommit, StoreBenchmarks.editCommit, StoreBenchmarks.crossProcess,
+    ]
 }
 
 func milliseconds(_ duration: Duration) -> Double {

@@ -5,7 +5,7 @@ import PeerSyncModel
 // PeerSync benchmarks. Build in release for numbers:
 //   swift run -c release PeerSyncBenchmarks [--quick] [--json FILE] [name ...]
 // `--quick` shrinks every workload so CI can smoke-test the code paths in seconds; its
-// numbers mean nothing. Names: crdt-apply, crdt-extract, model-save.
+// numbers mean nothing. Names: see `--help`.
 
 struct Options {
     var quick = false

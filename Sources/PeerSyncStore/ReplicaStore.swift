@@ -107,6 +107,9 @@ public final class ReplicaStore: Sendable {
         var config = Configuration()
         config.busyMode = .timeout(10)
         config.label = "PeerSync store"
+        // WAL with synchronous=FULL: a commit is on disk (fsync'd WAL) before a write returns,
+        // so an edit reported done survives kill -9 and power loss alike.
+        config.prepareDatabase { db in try db.execute(sql: "PRAGMA synchronous = FULL") }
         do {
             return try DatabasePool(path: path, configuration: config)
         } catch {
