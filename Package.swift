@@ -17,6 +17,10 @@ let package = Package(
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
+        .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "4.5.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
     ],
     targets: [
         .target(name: "PeerSyncCRDT"),
@@ -25,7 +29,29 @@ let package = Package(
             name: "PeerSyncStore",
             dependencies: ["PeerSyncCRDT", "PeerSyncModel", .product(name: "GRDB", package: "GRDB.swift")]
         ),
-        .target(name: "PeerSync", dependencies: ["PeerSyncCRDT", "PeerSyncModel", "PeerSyncStore"]),
+        // DNS-SD C API; on Linux Avahi's Bonjour compatibility library (on Apple platforms: the system's dnssd).
+        .systemLibrary(
+            name: "CDNSSD",
+            pkgConfig: "avahi-compat-libdns_sd",
+            providers: [.apt(["libavahi-compat-libdnssd-dev"])]
+        ),
+        .target(
+            name: "PeerSyncDiscovery",
+            dependencies: ["PeerSyncCRDT", .target(name: "CDNSSD", condition: .when(platforms: [.linux]))]
+        ),
+        .target(name: "PeerSyncWire", dependencies: ["PeerSyncCRDT"]),
+        .target(
+            name: "PeerSyncSession",
+            dependencies: [
+                "PeerSyncCRDT", "PeerSyncModel", "PeerSyncWire",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .target(name: "PeerSync", dependencies: ["PeerSyncCRDT", "PeerSyncModel", "PeerSyncStore", "PeerSyncWire", "PeerSyncSession"]),
         .executableTarget(
             name: "peersync",
             dependencies: [
@@ -47,8 +73,28 @@ let package = Package(
             path: "Tests/StoreChild"
         ),
         .testTarget(
+            name: "PeerSyncSessionTests",
+            dependencies: [
+                "PeerSync", "PeerSyncSession", "PeerSyncWire", "PeerSyncStore", "PeerSyncTestSupport",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .testTarget(name: "PeerSyncWireTests", dependencies: ["PeerSyncWire", "PeerSyncCRDT", "PeerSyncTestSupport"]),
+        .testTarget(
             name: "PeerSyncStoreTests",
             dependencies: ["PeerSyncStore", "PeerSyncModel", "PeerSyncCRDT", "PeerSyncTestSupport", "peersync-store-child"]
+        ),
+        .executableTarget(
+            name: "peersync-discovery-probe",
+            dependencies: ["PeerSyncDiscovery", "PeerSyncCRDT"],
+            path: "Tests/DiscoveryProbe"
+        ),
+        .testTarget(
+            name: "PeerSyncDiscoveryTests",
+            dependencies: ["PeerSyncDiscovery", "PeerSyncCRDT", "PeerSyncTestSupport", "peersync-discovery-probe"]
         ),
     ],
     swiftLanguageModes: [.v6]

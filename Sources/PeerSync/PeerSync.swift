@@ -1,5 +1,7 @@
 @_exported import PeerSyncCRDT
 @_exported import PeerSyncModel
+@_exported import PeerSyncStore
+@_exported import PeerSyncSession
 
 /// The PeerSync toolkit: replicate app data between devices on a LAN, with no server.
 public enum PeerSync {

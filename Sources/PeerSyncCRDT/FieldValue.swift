@@ -137,7 +137,8 @@ extension FieldValue {
         guard reader.isAtEnd else { throw .trailingBytes }
     }
 
-    static func decode(from reader: inout ByteReader, depth: Int) throws(FieldValueDecodingError) -> FieldValue {
+    /// Decodes one value at the reader's position (nesting deeper than 64 levels is refused).
+    public static func decode(from reader: inout ByteReader, depth: Int) throws(FieldValueDecodingError) -> FieldValue {
         guard depth < 64 else { throw .tooDeep }
         guard let tag = reader.readByte() else { throw .truncated }
         switch tag {

@@ -1,0 +1,20 @@
+import PeerSyncCRDT
+import PeerSyncModel
+import PeerSyncSession
+import PeerSyncStore
+
+/// Lets a ``SyncNode`` read and write a ``ReplicaStore``: remote deltas commit in one
+/// transaction each.
+public struct StoreSyncStorage: SyncStorage {
+    public let store: ReplicaStore
+
+    public init(_ store: ReplicaStore) {
+        self.store = store
+    }
+
+    public func snapshot() -> ReplicaState { store.state }
+
+    public func applyRemote(_ delta: RecordMap, from peer: String) throws -> MergeOutcome {
+        try store.applyRemote(delta, from: peer)
+    }
+}

@@ -1,0 +1,136 @@
+import PeerSyncCRDT
+import PeerSyncWire
+
+/// The rules of one session, with no sockets: what a received frame means and what to do
+/// about it. The NIO shell (``SyncNode``) carries the actions out.
+///
+/// ```
+/// awaitingHello ──hello ok──▶ established ──goodbye/error/bad frame──▶ closed
+///       │                         │  chunk 0..n-1 (catch-up rounds), delta, ack,
+///       └──anything else──▶ closed   digest, ping → pong
+/// ```
+struct SessionStateMachine {
+    enum Phase: Equatable { case awaitingHello, established, closed }
+
+    enum Action {
+        case send(Message)
+        /// The peer's hello passed every check: register the session and start the catch-up.
+        case established(Hello)
+        case applyChunk(RecordMap, index: UInt64, count: UInt64, records: UInt64)
+        case applyDelta(RecordMap)
+        case acked(CausalContext)
+        case digest(StateDigest, records: UInt64)
+        /// End the session; if `notifyPeer`, send `.error(reason, text)` first.
+        case close(CloseReason, String, notifyPeer: Bool)
+    }
+
+    let localReplica: ReplicaID
+    let maxClockSkewMilliseconds: UInt64
+    private(set) var phase = Phase.awaitingHello
+    private(set) var peer: Hello?
+    private var inbound: WireDictionary?
+    private var expectedChunk: UInt64 = 0
+    private var chunkCount: UInt64 = 0
+
+    init(localReplica: ReplicaID, maxClockSkewMilliseconds: UInt64) {
+        self.localReplica = localReplica
+        self.maxClockSkewMilliseconds = maxClockSkewMilliseconds
+    }
+
+    /// Handles one inbound frame, received when the local wall clock read `now` (ms).
+    mutating func receive(type: UInt8, body: [UInt8], now: UInt64) -> [Action] {
+        guard phase != .closed else { return [] }
+        let message: Message
+        do {
+            message = try Message.decode(type: type, body: body)
+        } catch {
+            return close(error == .unknownMessageType(type) ? .unknownMessage : .malformed, "\(error)", notify: true)
+        }
+        switch (phase, message) {
+        case (.awaitingHello, .hello(let hello)):
+            return accept(hello, now: now)
+        case (.awaitingHello, .goodbye(let reason, let text)), (.awaitingHello, .error(let reason, let text)),
+             (.established, .goodbye(let reason, let text)), (.established, .error(let reason, let text)):
+            phase = .closed
+            return [.close(reason, text.isEmpty ? "\(reason)" : text, notifyPeer: false)]
+        case (.awaitingHello, _):
+            return close(.malformed, "expected hello first, got \(message.kind)", notify: true)
+        case (.established, .hello):
+            return close(.malformed, "second hello", notify: true)
+        case (.established, .chunk(let index, let count, let records, let bytes)):
+            if index == 0 {
+                expectedChunk = 0
+                chunkCount = count
+            }
+            guard index == expectedChunk, count == chunkCount else {
+                return close(.malformed, "chunk \(index) of \(count), expected \(expectedChunk) of \(chunkCount)", notify: true)
+            }
+            expectedChunk = index + 1 == count ? 0 : index + 1
+            return decodeDelta(bytes, now: now).map { [.applyChunk($0, index: index, count: count, records: records)] }
+                ?? close(.malformed, lastError, notify: true)
+        case (.established, .delta(let bytes)):
+            return decodeDelta(bytes, now: now).map { [.applyDelta($0)] } ?? close(.malformed, lastError, notify: true)
+        case (.established, .ack(let context)):
+            return [.acked(context)]
+        case (.established, .digest(let digest, let records)):
+            return [.digest(digest, records: records)]
+        case (.established, .ping(let nonce)):
+            return [.send(.pong(nonce))]
+        case (.established, .pong):
+            return []
+        case (.closed, _):
+            return []
+        }
+    }
+
+    private var lastError = ""
+
+    private mutating func decodeDelta(_ bytes: [UInt8], now: UInt64) -> RecordMap? {
+        guard let inbound else { return nil }
+        do {
+            let delta = try WireDelta.decode(bytes, with: inbound)
+            // A member with a clock far ahead must not drag every replica's clock with it.
+            if delta.maxTimestamp.physicalMilliseconds > now + maxClockSkewMilliseconds {
+                lastError = "delta carries a timestamp \((delta.maxTimestamp.physicalMilliseconds - now) / 1000) s in the future"
+                return nil
+            }
+            return delta
+        } catch {
+            lastError = "\(error)"
+            return nil
+        }
+    }
+
+    private mutating func accept(_ hello: Hello, now: UInt64) -> [Action] {
+        guard hello.protocolVersion == WireLimits.protocolVersion else {
+            return close(.protocolVersion, "peer speaks protocol version \(hello.protocolVersion), this node \(WireLimits.protocolVersion); upgrade the older one", notify: true)
+        }
+        guard hello.replicaID != localReplica else {
+            return close(.sameReplica, "connected to itself (replica \(hello.replicaID.shortDescription))", notify: true)
+        }
+        let offset = Int64(bitPattern: hello.wallClockMilliseconds &- now)
+        guard offset.magnitude <= maxClockSkewMilliseconds else {
+            let seconds = Double(offset) / 1000
+            let direction = offset > 0 ? "ahead of" : "behind"
+            return close(.clockSkew, "clock offset \(formatSeconds(seconds.magnitude)) \(direction) this node exceeds the limit of \(formatSeconds(Double(maxClockSkewMilliseconds) / 1000)); fix the clock (NTP) on the wrong machine", notify: true)
+        }
+        guard hello.maxFrameBytes >= 64 << 10 else {
+            return close(.malformed, "peer accepts frames of only \(hello.maxFrameBytes) bytes", notify: true)
+        }
+        phase = .established
+        peer = hello
+        inbound = WireDictionary(startingAt: hello.wallClockMilliseconds)
+        return [.established(hello)]
+    }
+
+    private mutating func close(_ reason: CloseReason, _ text: String, notify: Bool) -> [Action] {
+        phase = .closed
+        return [.close(reason, text, notifyPeer: notify)]
+    }
+}
+
+func formatSeconds(_ seconds: Double) -> String {
+    if seconds >= 3600 { return "\(Int(seconds / 3600)) h \(Int(seconds.truncatingRemainder(dividingBy: 3600) / 60)) min" }
+    if seconds >= 60 { return "\(Int(seconds / 60)) min \(Int(seconds.truncatingRemainder(dividingBy: 60))) s" }
+    return "\(Int(seconds.rounded())) s"
+}

@@ -1,0 +1,197 @@
+import PeerSyncCRDT
+
+/// Why a session ends (in `goodbye` and `error` messages).
+public enum CloseReason: UInt64, Sendable, Equatable, CustomStringConvertible {
+    case normal = 0
+    case protocolVersion = 1
+    case clockSkew = 2
+    case sameReplica = 3
+    case duplicateConnection = 4
+    case malformed = 5
+    case frameTooLarge = 6
+    case shuttingDown = 7
+    case timeout = 8
+    case overloaded = 9
+    case unknownMessage = 10
+    case other = 99
+
+    public var description: String {
+        switch self {
+        case .normal: "normal close"
+        case .protocolVersion: "protocol version mismatch"
+        case .clockSkew: "clock skew too large"
+        case .sameReplica: "connected to itself"
+        case .duplicateConnection: "duplicate connection"
+        case .malformed: "malformed frame"
+        case .frameTooLarge: "frame too large"
+        case .shuttingDown: "shutting down"
+        case .timeout: "peer silent too long"
+        case .overloaded: "peer overloaded"
+        case .unknownMessage: "unknown message type"
+        case .other: "other"
+        }
+    }
+}
+
+/// The first message each side sends.
+public struct Hello: Sendable, Equatable {
+    public var protocolVersion: UInt64
+    public var replicaID: ReplicaID
+    public var name: String
+    /// The sender's wall clock, milliseconds since 1970, when it sent the hello.
+    public var wallClockMilliseconds: UInt64
+    /// Every dot the sender has seen; the receiver sends what this lacks.
+    public var context: CausalContext
+    /// The largest frame the sender accepts.
+    public var maxFrameBytes: UInt64
+    public var digest: StateDigest
+
+    public init(protocolVersion: UInt64 = WireLimits.protocolVersion, replicaID: ReplicaID, name: String,
+                wallClockMilliseconds: UInt64, context: CausalContext,
+                maxFrameBytes: UInt64 = UInt64(WireLimits.defaultMaxFrameBytes), digest: StateDigest) {
+        self.protocolVersion = protocolVersion
+        self.replicaID = replicaID
+        self.name = name
+        self.wallClockMilliseconds = wallClockMilliseconds
+        self.context = context
+        self.maxFrameBytes = maxFrameBytes
+        self.digest = digest
+    }
+}
+
+/// Every message of the protocol. Deltas and chunks carry their payload still encoded: its
+/// decoding depends on the session's ``WireDictionary`` (see ``WireDelta``).
+public enum Message: Sendable, Equatable {
+    case hello(Hello)
+    /// Part `index` of `count` of the catch-up; the last chunk's delta carries the sender's context.
+    case chunk(index: UInt64, count: UInt64, records: UInt64, delta: [UInt8])
+    case delta([UInt8])
+    /// The receiver's context after applying what it got.
+    case ack(CausalContext)
+    case digest(StateDigest, records: UInt64)
+    case ping(UInt64)
+    case pong(UInt64)
+    case goodbye(CloseReason, String)
+    case error(CloseReason, String)
+
+    public enum Kind: UInt8, Sendable {
+        case hello = 1, chunk = 2, delta = 3, ack = 4, digest = 5, ping = 6, pong = 7, goodbye = 8, error = 9
+    }
+
+    public var kind: Kind {
+        switch self {
+        case .hello: .hello
+        case .chunk: .chunk
+        case .delta: .delta
+        case .ack: .ack
+        case .digest: .digest
+        case .ping: .ping
+        case .pong: .pong
+        case .goodbye: .goodbye
+        case .error: .error
+        }
+    }
+
+    /// The frame bytes of this message.
+    public func encodedFrame() -> [UInt8] {
+        Frame.encode(type: kind.rawValue, body: body())
+    }
+
+    func body() -> [UInt8] {
+        var w = FieldWriter()
+        switch self {
+        case .hello(let h):
+            w.varint(1, h.protocolVersion)
+            w.bytes(2, replicaBytes(h.replicaID))
+            w.string(3, h.name)
+            w.varint(4, h.wallClockMilliseconds)
+            w.bytes(5, h.context.encodedBlob())
+            w.varint(6, h.maxFrameBytes)
+            w.bytes(7, replicaBytes(ReplicaID(high: h.digest.high, low: h.digest.low)))
+        case .chunk(let index, let count, let records, let delta):
+            w.varint(1, index)
+            w.varint(2, count)
+            w.varint(3, records)
+            w.bytes(4, delta)
+        case .delta(let delta):
+            return delta  // the body is the delta itself: the smallest frame for the most frequent message
+        case .ack(let context):
+            w.bytes(1, context.encodedBlob())
+        case .digest(let digest, let records):
+            w.bytes(1, replicaBytes(ReplicaID(high: digest.high, low: digest.low)))
+            w.varint(2, records)
+        case .ping(let nonce), .pong(let nonce):
+            w.varint(1, nonce)
+        case .goodbye(let reason, let text), .error(let reason, let text):
+            w.varint(1, reason.rawValue)
+            w.string(2, text)
+        }
+        return w.bytes
+    }
+
+    /// Decodes a frame's type and body.
+    public static func decode(type: UInt8, body: [UInt8]) throws(WireError) -> Message {
+        guard let kind = Kind(rawValue: type) else { throw .unknownMessageType(type) }
+        if kind == .delta {
+            guard !body.isEmpty else { throw .malformed(message: "delta", detail: "empty") }
+            return .delta(body)
+        }
+        return try decodeFields(kind, FieldReader(message: "\(kind)", body: body))
+    }
+
+    private static func decodeFields(_ kind: Kind, _ f: FieldReader) throws(WireError) -> Message {
+        switch kind {
+        case .hello:
+            let context: CausalContext
+            do { context = try CausalContext(blob: try f.bytes(5, "context")) } catch let error as WireError { throw error } catch {
+                throw .malformed(message: "hello", detail: "context: \(error)")
+            }
+            let digest = try replica(f.bytes(7, "digest"), "hello")
+            return .hello(Hello(
+                protocolVersion: try f.varint(1, "protocolVersion"),
+                replicaID: try replica(f.bytes(2, "replicaID"), "hello"),
+                name: try f.string(3, "name"),
+                wallClockMilliseconds: try f.varint(4, "wallClock"),
+                context: context,
+                maxFrameBytes: try f.varint(6, "maxFrameBytes"),
+                digest: StateDigest(high: digest.high, low: digest.low)))
+        case .chunk:
+            let index = try f.varint(1, "index")
+            let count = try f.varint(2, "count")
+            guard index < count else { throw .malformed(message: "chunk", detail: "index \(index) of \(count)") }
+            return .chunk(index: index, count: count, records: try f.varint(3, "records"), delta: try f.bytes(4, "delta"))
+        case .ack:
+            do { return .ack(try CausalContext(blob: try f.bytes(1, "context"))) } catch let error as WireError { throw error } catch {
+                throw .malformed(message: "ack", detail: "context: \(error)")
+            }
+        case .digest:
+            let d = try replica(f.bytes(1, "digest"), "digest")
+            return .digest(StateDigest(high: d.high, low: d.low), records: f.varints[2] ?? 0)
+        case .ping: return .ping(f.varints[1] ?? 0)
+        case .pong: return .pong(f.varints[1] ?? 0)
+        case .goodbye, .error:
+            let reason = CloseReason(rawValue: f.varints[1] ?? 99) ?? .other
+            let text = (try? f.string(2, "text")) ?? ""
+            return kind == .goodbye ? .goodbye(reason, text) : .error(reason, text)
+        case .delta:
+            throw .malformed(message: "delta", detail: "a delta has no fields")
+        }
+    }
+}
+
+func replicaBytes(_ id: ReplicaID) -> [UInt8] {
+    var out: [UInt8] = []
+    for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: id.high >> UInt64(shift))) }
+    for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: id.low >> UInt64(shift))) }
+    return out
+}
+
+func replica(_ bytes: [UInt8], _ message: String) throws(WireError) -> ReplicaID {
+    guard bytes.count == 16 else { throw .malformed(message: message, detail: "an ID must be 16 bytes, got \(bytes.count)") }
+    var high: UInt64 = 0
+    var low: UInt64 = 0
+    for (i, byte) in bytes.enumerated() {
+        if i < 8 { high = high << 8 | UInt64(byte) } else { low = low << 8 | UInt64(byte) }
+    }
+    return ReplicaID(high: high, low: low)
+}

@@ -1,0 +1,113 @@
+import PeerSyncCRDT
+
+/// Per-session, per-direction interning of replica IDs and names, plus the last timestamp
+/// sent, so a delta names a 16-byte replica ID or a field name once per session and refers to
+/// it by a small index afterwards.
+///
+/// The sender's and the receiver's dictionaries evolve identically because frames arrive in
+/// order on one connection; a session that fails to decode any frame is closed, so the two
+/// never disagree for long. A reference is written as:
+///
+/// ```
+/// ref = varint(0) definition   — a new entry; it gets the next index (0, 1, 2, …)
+///     | varint(index + 1)      — an entry defined earlier in this direction of this session
+/// ```
+/// A replica ID definition is 16 bytes (high 8 big-endian, low 8 big-endian); a name definition
+/// is varint(byte count) UTF-8.
+public final class WireDictionary {
+    /// Most entries of each kind one direction of a session may define.
+    public static let capacity = 1 << 16
+
+    private var replicas: [ReplicaID] = []
+    private var replicaIndex: [ReplicaID: Int] = [:]
+    private var names: [String] = []
+    private var nameIndex: [String: Int] = [:]
+    /// Physical milliseconds of the last timestamp written or read; timestamps are sent as a
+    /// signed difference from it. Both sides start at the sender's hello wall clock.
+    var lastPhysical: UInt64
+
+    public init(startingAt wallClockMilliseconds: UInt64) {
+        lastPhysical = wallClockMilliseconds
+    }
+
+    func writeReplica(_ id: ReplicaID, to out: inout [UInt8]) {
+        if let index = replicaIndex[id] {
+            Varint.append(UInt64(index + 1), to: &out)
+            return
+        }
+        out.append(0)
+        for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: id.high >> UInt64(shift))) }
+        for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: id.low >> UInt64(shift))) }
+        replicaIndex[id] = replicas.count
+        replicas.append(id)
+    }
+
+    func readReplica(from reader: inout ByteReader) throws(WireError) -> ReplicaID {
+        guard let ref = reader.readVarint() else { throw .malformed(message: "delta", detail: "truncated replica reference") }
+        if ref > 0 {
+            guard ref <= UInt64(replicas.count) else {
+                throw .malformed(message: "delta", detail: "replica reference \(ref) of \(replicas.count)")
+            }
+            return replicas[Int(ref - 1)]
+        }
+        guard replicas.count < Self.capacity else { throw .dictionaryFull }
+        guard let raw = reader.readBytes(16) else { throw .malformed(message: "delta", detail: "truncated replica ID") }
+        var high: UInt64 = 0
+        var low: UInt64 = 0
+        for (i, byte) in raw.enumerated() {
+            if i < 8 { high = high << 8 | UInt64(byte) } else { low = low << 8 | UInt64(byte) }
+        }
+        let id = ReplicaID(high: high, low: low)
+        guard replicaIndex[id] == nil else { throw .malformed(message: "delta", detail: "replica ID defined twice") }
+        replicaIndex[id] = replicas.count
+        replicas.append(id)
+        return id
+    }
+
+    func writeName(_ name: String, to out: inout [UInt8]) {
+        if let index = nameIndex[name] {
+            Varint.append(UInt64(index + 1), to: &out)
+            return
+        }
+        out.append(0)
+        Varint.append(UInt64(name.utf8.count), to: &out)
+        out.append(contentsOf: name.utf8)
+        nameIndex[name] = names.count
+        names.append(name)
+    }
+
+    func readName(from reader: inout ByteReader) throws(WireError) -> String {
+        guard let ref = reader.readVarint() else { throw .malformed(message: "delta", detail: "truncated name reference") }
+        if ref > 0 {
+            guard ref <= UInt64(names.count) else { throw .malformed(message: "delta", detail: "name reference \(ref) of \(names.count)") }
+            return names[Int(ref - 1)]
+        }
+        guard names.count < Self.capacity else { throw .dictionaryFull }
+        guard let bytes = reader.readLengthPrefixed(), let name = String(validating: bytes, as: UTF8.self) else {
+            throw .malformed(message: "delta", detail: "bad name definition")
+        }
+        guard nameIndex[name] == nil else { throw .malformed(message: "delta", detail: "name defined twice") }
+        nameIndex[name] = names.count
+        names.append(name)
+        return name
+    }
+
+    /// `zigzag(physical − last physical)`, then `varint(logical)`.
+    func writeTimestamp(_ t: HLCTimestamp, to out: inout [UInt8]) {
+        let difference = Int64(bitPattern: t.physicalMilliseconds &- lastPhysical)
+        Varint.append(UInt64(bitPattern: (difference << 1) ^ (difference >> 63)), to: &out)
+        Varint.append(UInt64(t.logical), to: &out)
+        lastPhysical = t.physicalMilliseconds
+    }
+
+    func readTimestamp(from reader: inout ByteReader) throws(WireError) -> HLCTimestamp {
+        guard let zigzag = reader.readVarint(), let logical = reader.readVarint(), logical <= UInt64(UInt16.max) else {
+            throw .malformed(message: "delta", detail: "bad timestamp")
+        }
+        let difference = Int64(bitPattern: (zigzag >> 1) ^ (0 &- (zigzag & 1)))
+        let physical = lastPhysical &+ UInt64(bitPattern: difference)
+        guard physical < (1 << 48) else { throw .malformed(message: "delta", detail: "timestamp out of range") }
+        lastPhysical = physical
+        return HLCTimestamp(physicalMilliseconds: physical, logical: UInt16(logical))
+    }
+}

@@ -1,0 +1,68 @@
+import Foundation
+import Logging
+import PeerSync
+import PeerSyncTestSupport
+
+/// A replica with a real SQLite store in a temporary folder and a real node on 127.0.0.1.
+final class TestReplica: @unchecked Sendable {
+    let directory: String
+    let store: ReplicaStore
+    var node: SyncNode
+    var port = 0
+    let name: String
+    let security: SessionSecurity
+    let wallClock: @Sendable () -> UInt64
+
+    init(_ name: String, security: SessionSecurity, directory: String? = nil,
+         wallClock: @escaping @Sendable () -> UInt64 = HybridLogicalClock.wallClock) throws {
+        self.name = name
+        self.security = security
+        self.wallClock = wallClock
+        if let directory {
+            self.directory = directory
+            store = try ReplicaStore.open(directory: directory)
+        } else {
+            self.directory = try makeTemporaryDirectory("peersync-node")
+            store = try ReplicaStore.create(directory: self.directory, name: name)
+        }
+        node = try Self.makeNode(store: store, name: name, security: security, wallClock: wallClock)
+    }
+
+    static func makeNode(store: ReplicaStore, name: String, security: SessionSecurity,
+                         wallClock: @escaping @Sendable () -> UInt64) throws -> SyncNode {
+        var logger = Logger(label: "test.\(name)")
+        logger.logLevel = ProcessInfo.processInfo.environment["PEERSYNC_TEST_LOG"] == nil ? .critical : .debug
+        return try SyncNode(
+            storage: StoreSyncStorage(store), replicaID: store.replicaID,
+            configuration: .init(name: name, security: security, deadPeerTimeout: .seconds(5), wallClock: wallClock),
+            logger: logger)
+    }
+
+    @discardableResult
+    func start() async throws -> Int {
+        port = try await node.start()
+        return port
+    }
+
+    /// A local edit: committed, then broadcast.
+    func write(_ body: (inout ReplicaState) throws -> RecordMap?) async throws {
+        if let delta = try store.write(body) { await node.broadcast(delta) }
+    }
+
+    var digest: StateDigest { store.state.digest }
+
+    /// Stops the node and starts a new one on the same store (as after a restart).
+    func restartNode() async throws {
+        await node.stop()
+        node = try Self.makeNode(store: store, name: name, security: security, wallClock: wallClock)
+    }
+
+    func shutdown() async {
+        await node.stop()
+        removeTemporaryDirectory(directory)
+    }
+}
+
+func allConverged(_ replicas: [TestReplica]) -> Bool {
+    Set(replicas.map(\.digest)).count == 1
+}
