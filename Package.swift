@@ -61,7 +61,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "PeerSyncBenchmarks",
-            dependencies: ["PeerSyncCRDT", "PeerSyncModel", "PeerSyncStore"],
+            dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
             path: "Benchmarks/PeerSyncBenchmarks"
         ),
         .target(name: "PeerSyncTestSupport", dependencies: ["PeerSyncCRDT"], path: "Tests/PeerSyncTestSupport"),
@@ -82,6 +82,8 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        .executableTarget(name: "peersync-wire-fuzz", dependencies: ["PeerSyncWire", "PeerSyncCRDT"], path: "Tests/WireFuzz",
+                          exclude: ["corpus"]),
         .testTarget(name: "PeerSyncWireTests", dependencies: ["PeerSyncWire", "PeerSyncCRDT", "PeerSyncTestSupport"]),
         .testTarget(
             name: "PeerSyncStoreTests",

@@ -10,10 +10,11 @@ struct Result: Codable {
 
 struct Benchmark: Sendable {
     let name: String
-    let run: @Sendable (_ quick: Bool) -> Result
+    let run: @Sendable (_ quick: Bool) async throws -> Result
     static let all: [Benchmark] = [
         CRDTBenchmarks.crdtApply, CRDTBenchmarks.crdtExtract, CRDTBenchmarks.modelSave,
         StoreBenchmarks.fullStateCommit, StoreBenchmarks.editCommit, StoreBenchmarks.crossProcess,
+        SyncBenchmarks.latency, SyncBenchmarks.initialSync,
     ]
 }
 

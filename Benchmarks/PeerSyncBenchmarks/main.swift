@@ -42,7 +42,7 @@ do {
     var results: [Result] = []
     print(options.quick ? "PeerSync benchmarks (quick mode: smoke test, numbers not meaningful)" : "PeerSync benchmarks")
     for benchmark in selected {
-        let result = benchmark.run(options.quick)
+        let result = try await benchmark.run(options.quick)
         results.append(result)
         let metrics = result.metrics.sorted { $0.key < $1.key }
             .map { "\($0.key)=\(String(format: "%.3f", $0.value))" }.joined(separator: "  ")

@@ -14,7 +14,7 @@ public struct StoreSyncStorage: SyncStorage {
 
     public func snapshot() -> ReplicaState { store.state }
 
-    public func applyRemote(_ delta: RecordMap, from peer: String) throws -> MergeOutcome {
-        try store.applyRemote(delta, from: peer)
+    public func applyRemote(_ deltas: [RecordMap], from peer: String) throws -> MergeOutcome {
+        try store.applyRemote(deltas, from: peer)
     }
 }

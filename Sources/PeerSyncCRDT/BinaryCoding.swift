@@ -319,7 +319,7 @@ extension RecordMap {
         guard version == Self.encodingVersion else { throw .unsupportedVersion(version) }
         var r = try BlobReader(bytes, skipping: 1)
         let context = try CausalContext.decode(from: &r)
-        var map = RecordMap()
+        var map = RecordMap.withoutDigest()
         let collectionCount = try r.count("collection count")
         for _ in 0..<collectionCount {
             let collection = try r.string("collection name")

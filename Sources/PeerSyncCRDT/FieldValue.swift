@@ -13,6 +13,8 @@ public enum FieldValue: Sendable {
     case bytes([UInt8])
     case list([FieldValue])
     case map([String: FieldValue])
+    /// A UUID (16 bytes on the wire and on disk, not a 36-character string).
+    case uuid(UUID)
 }
 
 extension FieldValue: Hashable {
@@ -26,6 +28,7 @@ extension FieldValue: Hashable {
         case let (.bytes(a), .bytes(b)): a == b
         case let (.list(a), .list(b)): a == b
         case let (.map(a), .map(b)): a == b
+        case let (.uuid(a), .uuid(b)): a == b
         default: false
         }
     }
@@ -41,12 +44,13 @@ extension FieldValue: Hashable {
         case .bytes(let v): hasher.combine(v)
         case .list(let v): hasher.combine(v)
         case .map(let v): hasher.combine(v)
+        case .uuid(let v): hasher.combine(v)
         }
     }
 }
 
 extension FieldValue: Comparable {
-    /// A total order: by kind (null < bool < int < double < string < bytes < list < map), then
+    /// A total order: by kind (null < bool < int < double < string < bytes < list < map < uuid), then
     /// by value. Used only to break ties deterministically.
     public static func < (lhs: FieldValue, rhs: FieldValue) -> Bool {
         if lhs.tag != rhs.tag { return lhs.tag < rhs.tag }
@@ -63,6 +67,8 @@ extension FieldValue: Comparable {
             return sa.lexicographicallyPrecedes(sb) { x, y in
                 x.key != y.key ? x.key.utf8.lexicographicallyPrecedes(y.key.utf8) : x.value < y.value
             }
+        case let (.uuid(a), .uuid(b)):
+            return withUnsafeBytes(of: a.uuid) { ab in withUnsafeBytes(of: b.uuid) { bb in ab.lexicographicallyPrecedes(bb) } }
         default: return false
         }
     }
@@ -81,6 +87,7 @@ extension FieldValue {
         case .bytes: 6
         case .list: 7
         case .map: 8
+        case .uuid: 9
         }
     }
 
@@ -95,6 +102,7 @@ extension FieldValue {
     /// bytes       06 varint(byte count) bytes
     /// list        07 varint(count) value…
     /// map         08 varint(count) (varint(key bytes) key-UTF-8 value)… keys sorted bytewise
+    /// uuid        09 16 bytes (RFC 4122 byte order)
     /// ```
     public func encode(into out: inout [UInt8]) {
         out.append(tag)
@@ -120,6 +128,8 @@ extension FieldValue {
                 out.append(contentsOf: key.utf8)
                 entries[key]!.encode(into: &out)
             }
+        case .uuid(let v):
+            withUnsafeBytes(of: v.uuid) { out.append(contentsOf: $0) }
         }
     }
 
@@ -173,6 +183,10 @@ extension FieldValue {
                 entries[key] = try decode(from: &reader, depth: depth + 1)
             }
             return .map(entries)
+        case 9:
+            guard let b = reader.readBytes(16) else { throw .truncated }
+            let a = Array(b)
+            return .uuid(UUID(uuid: (a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15])))
         default:
             throw .unknownTag(tag)
         }
@@ -195,6 +209,11 @@ extension FieldValue {
             for key in entries.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }) {
                 hasher.combine(key)
                 entries[key]!.feed(into: &hasher)
+            }
+        case .uuid(let v):
+            withUnsafeBytes(of: v.uuid) { raw in
+                hasher.combine(raw.loadUnaligned(fromByteOffset: 0, as: UInt64.self))
+                hasher.combine(raw.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
             }
         }
     }

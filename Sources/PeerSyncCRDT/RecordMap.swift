@@ -17,25 +17,40 @@ public struct RecordMap: Sendable {
     public private(set) var collections: [String: [UUID: RecordState]]
     /// Every dot this state has seen.
     public private(set) var context: CausalContext
+    /// The incrementally maintained digest, or nil for deltas and extracts that are built to be
+    /// shipped (their digest is computed only if someone asks).
+    private var maintainedDigest: StateDigest?
+
     /// Digest of the canonical state: fields, presence entries and context.
-    public private(set) var digest: StateDigest
+    ///
+    /// - Complexity: O(1) for replica states; O(size) for a delta built without one.
+    public var digest: StateDigest {
+        maintainedDigest ?? RecordMap(records: allRecords, context: context, maintainingDigest: true).maintainedDigest!
+    }
 
     public init() {
         collections = [:]
         context = CausalContext()
-        digest = .empty
+        maintainedDigest = .empty
     }
 
-    /// A state from stored parts (the store loads replicas this way). The digest is computed.
-    public init(records: some Sequence<(RecordKey, RecordState)>, context: CausalContext) {
-        self.init()
+    /// A state from parts (the store loads replicas this way; the wire decodes deltas this way).
+    /// With `maintainingDigest` (the default) the digest is computed now and kept current by
+    /// every later change; without, a delta skips that work.
+    public init(records: some Sequence<(RecordKey, RecordState)>, context: CausalContext, maintainingDigest: Bool = true) {
+        collections = [:]
+        self.context = context
+        maintainedDigest = maintainingDigest ? .empty : nil
         for (key, state) in records where !state.isEmpty {
             collections[key.collection, default: [:]][key.id] = state
-            for (name, register) in state.fields { digest.add(Self.hash(key, name, register)) }
-            for (replica, entry) in state.presence { digest.add(Self.hash(key, replica, entry)) }
+            if maintainingDigest {
+                for (name, register) in state.fields { maintainedDigest!.add(Self.hash(key, name, register)) }
+                for (replica, entry) in state.presence { maintainedDigest!.add(Self.hash(key, replica, entry)) }
+            }
         }
-        self.context = context
-        for replica in context.replicas { digest.add(Self.contextHash(context, replica)) }
+        if maintainingDigest {
+            for replica in context.replicas { maintainedDigest!.add(Self.contextHash(context, replica)) }
+        }
     }
 
     public func record(_ key: RecordKey) -> RecordState? {
@@ -91,11 +106,21 @@ public struct RecordMap: Sendable {
                 supersedes: existing?.fields[name]?.timestamp ?? .zero)
         }
         state.presence[replica] = PresenceEntry(counter: dot.counter, removedBy: nil)
-        var delta = RecordMap()
+        var delta = RecordMap.withoutDigest()
         delta.insert(key, state)
         delta.setContext(CausalContext(dots: [dot]))
         apply(delta)
         return delta
+    }
+
+    /// An empty map that does not maintain a digest, for building deltas by joining.
+    public static func empty() -> RecordMap { withoutDigest() }
+
+    /// An empty map that does not maintain a digest (for building deltas).
+    static func withoutDigest() -> RecordMap {
+        var map = RecordMap()
+        map.maintainedDigest = nil
+        return map
     }
 
     /// Deletes the record `key` as one event of `replica`: kills every live presence entry
@@ -108,7 +133,7 @@ public struct RecordMap: Sendable {
         for (writer, entry) in existing.presence where entry.isLive {
             state.presence[writer] = PresenceEntry(counter: entry.counter, removedBy: dot)
         }
-        var delta = RecordMap()
+        var delta = RecordMap.withoutDigest()
         delta.insert(key, state)
         delta.setContext(CausalContext(dots: [dot]))
         apply(delta)
@@ -135,7 +160,8 @@ public struct RecordMap: Sendable {
 
     private mutating func applyRecord(_ key: RecordKey, _ incoming: RecordState, into outcome: inout MergeOutcome) {
         let seenBefore = context
-        var digest = self.digest
+        var digest = maintainedDigest ?? .empty
+        let maintaining = maintainedDigest != nil
         var recordChanged = false
         var visibilityBefore = false
         var visibilityAfter = false
@@ -145,10 +171,12 @@ public struct RecordMap: Sendable {
                 if let ours = current.fields[name] {
                     if ours == theirs { continue }
                     if theirs.wins(over: ours) {
-                        digest.remove(Self.hash(key, name, ours))
-                        digest.add(Self.hash(key, name, theirs))
+                        if maintaining {
+                            digest.remove(Self.hash(key, name, ours))
+                            digest.add(Self.hash(key, name, theirs))
+                        }
                         current.fields[name] = theirs
-                        outcome.changedFields.append(FieldChange(key: key, field: name, register: theirs))
+                        outcome.changedFieldCount += 1
                         recordChanged = true
                         if theirs.supersedes < ours.timestamp {
                             outcome.conflicts.append(FieldConflict(key: key, field: name, winner: theirs, loser: ours))
@@ -157,9 +185,9 @@ public struct RecordMap: Sendable {
                         outcome.conflicts.append(FieldConflict(key: key, field: name, winner: ours, loser: theirs))
                     }
                 } else {
-                    digest.add(Self.hash(key, name, theirs))
+                    if maintaining { digest.add(Self.hash(key, name, theirs)) }
                     current.fields[name] = theirs
-                    outcome.changedFields.append(FieldChange(key: key, field: name, register: theirs))
+                    outcome.changedFieldCount += 1
                     recordChanged = true
                 }
                 outcome.maxTimestamp.merge(theirs.timestamp)
@@ -168,15 +196,17 @@ public struct RecordMap: Sendable {
                 let ours = current.presence[replica]
                 let joined = ours.map { $0.joined(with: theirs) } ?? theirs
                 if joined != ours {
-                    if let ours { digest.remove(Self.hash(key, replica, ours)) }
-                    digest.add(Self.hash(key, replica, joined))
+                    if maintaining {
+                        if let ours { digest.remove(Self.hash(key, replica, ours)) }
+                        digest.add(Self.hash(key, replica, joined))
+                    }
                     current.presence[replica] = joined
-                    outcome.changedPresence.append(PresenceChange(key: key, replica: replica, entry: joined))
+                    outcome.changedPresenceCount += 1
                 }
             }
             visibilityAfter = current.isVisible
         }
-        self.digest = digest
+        if maintaining { maintainedDigest = digest }
         if recordChanged || visibilityBefore != visibilityAfter {
             outcome.changedRecords.insert(key)
         }
@@ -193,11 +223,15 @@ public struct RecordMap: Sendable {
 
     private mutating func mergeContext(_ other: CausalContext) {
         if other.isEmpty { return }
+        guard maintainedDigest != nil else {
+            context.merge(other)
+            return
+        }
         var touched = Array(other.versionVector.keys)
         for replica in other.dotCloud.keys where other.versionVector[replica] == nil { touched.append(replica) }
-        for replica in touched { digest.remove(Self.contextHash(context, replica)) }
+        for replica in touched { maintainedDigest!.remove(Self.contextHash(context, replica)) }
         context.merge(other)
-        for replica in touched { digest.add(Self.contextHash(context, replica)) }
+        for replica in touched { maintainedDigest!.add(Self.contextHash(context, replica)) }
     }
 
     // MARK: - Anti-entropy
@@ -210,7 +244,8 @@ public struct RecordMap: Sendable {
     ///
     /// - Complexity: O(records held); the result is O(what the peer lacks + replicas).
     public func delta(missingFrom peer: CausalContext) -> RecordMap {
-        var result = RecordMap()
+        if peer.isEmpty { return self }  // a new peer lacks everything: share the state, copy nothing
+        var result = RecordMap.withoutDigest()
         for (collection, records) in collections {
             for (id, state) in records {
                 var missing = RecordState()
@@ -238,14 +273,19 @@ public struct RecordMap: Sendable {
     mutating func insert(_ key: RecordKey, _ state: RecordState) {
         precondition(record(key) == nil)
         collections[key.collection, default: [:]][key.id] = state
-        for (name, register) in state.fields { digest.add(Self.hash(key, name, register)) }
-        for (replica, entry) in state.presence { digest.add(Self.hash(key, replica, entry)) }
+        guard maintainedDigest != nil else { return }
+        for (name, register) in state.fields { maintainedDigest!.add(Self.hash(key, name, register)) }
+        for (replica, entry) in state.presence { maintainedDigest!.add(Self.hash(key, replica, entry)) }
     }
 
     mutating func setContext(_ newContext: CausalContext) {
-        for replica in context.replicas { digest.remove(Self.contextHash(context, replica)) }
+        guard maintainedDigest != nil else {
+            context = newContext
+            return
+        }
+        for replica in context.replicas { maintainedDigest!.remove(Self.contextHash(context, replica)) }
         context = newContext
-        for replica in context.replicas { digest.add(Self.contextHash(context, replica)) }
+        for replica in context.replicas { maintainedDigest!.add(Self.contextHash(context, replica)) }
     }
 
     // MARK: - Digest elements
@@ -323,32 +363,6 @@ extension RecordMap: Equatable {
     }
 }
 
-/// A field whose register changed in ``RecordMap/apply(_:)``.
-public struct FieldChange: Hashable, Sendable {
-    public let key: RecordKey
-    public let field: String
-    public let register: FieldRegister
-
-    public init(key: RecordKey, field: String, register: FieldRegister) {
-        self.key = key
-        self.field = field
-        self.register = register
-    }
-}
-
-/// A presence entry that changed in ``RecordMap/apply(_:)``.
-public struct PresenceChange: Hashable, Sendable {
-    public let key: RecordKey
-    public let replica: ReplicaID
-    public let entry: PresenceEntry
-
-    public init(key: RecordKey, replica: ReplicaID, entry: PresenceEntry) {
-        self.key = key
-        self.replica = replica
-        self.entry = entry
-    }
-}
-
 /// Two concurrent writes to one field met; `winner` is kept, `loser` is reported.
 public struct FieldConflict: Hashable, Sendable {
     public let key: RecordKey
@@ -366,8 +380,10 @@ public struct FieldConflict: Hashable, Sendable {
 
 /// What one ``RecordMap/apply(_:)`` changed.
 public struct MergeOutcome: Sendable {
-    public internal(set) var changedFields: [FieldChange] = []
-    public internal(set) var changedPresence: [PresenceChange] = []
+    /// Field registers replaced or added.
+    public internal(set) var changedFieldCount = 0
+    /// Presence entries changed (records created, deleted or revived).
+    public internal(set) var changedPresenceCount = 0
     public internal(set) var conflicts: [FieldConflict] = []
     /// Records whose values or visibility changed.
     public internal(set) var changedRecords: Set<RecordKey> = []
@@ -376,5 +392,14 @@ public struct MergeOutcome: Sendable {
 
     public init() {}
 
-    public var isEmpty: Bool { changedFields.isEmpty && changedPresence.isEmpty }
+    public var isEmpty: Bool { changedFieldCount == 0 && changedPresenceCount == 0 }
+
+    /// Adds what another apply changed.
+    public mutating func absorb(_ other: MergeOutcome) {
+        changedFieldCount += other.changedFieldCount
+        changedPresenceCount += other.changedPresenceCount
+        conflicts += other.conflicts
+        changedRecords.formUnion(other.changedRecords)
+        maxTimestamp.merge(other.maxTimestamp)
+    }
 }

@@ -93,6 +93,8 @@ public enum DataExchange {
             let fields = incoming.reduce(into: [String: FieldValue]()) { out, pair in
                 if case .int(let i) = pair.value, case .double(let d)? = stored[pair.key], Double(i) == d {
                     out[pair.key] = .double(d)
+                } else if case .string(let text) = pair.value, case .uuid(let id)? = stored[pair.key], UUID(uuidString: text) == id {
+                    out[pair.key] = .uuid(id)
                 } else {
                     out[pair.key] = pair.value
                 }
@@ -172,12 +174,12 @@ public enum DataExchange {
         case .object(let location)?:
             let (locID, locObject) = try identified(.object(location), "\(place).location")
             plan.records.append((RecordKey(collection: Location.collection, id: locID), try locationFields(locObject, "\(place).location")))
-            locationID = .string(locID.uuidString)
+            locationID = .uuid(locID)
         default: throw ImportError("\(place).location must be an object or null")
         }
         if case .string(let text)? = object["locationID"] ?? object["locationId"] {
             guard let ref = UUID(uuidString: text) else { throw ImportError("\(place).locationID is not a UUID") }
-            locationID = .string(ref.uuidString)
+            locationID = .uuid(ref)
         }
         fields["locationID"] = locationID
         plan.records.append((RecordKey(collection: ShiftType.collection, id: id), fields))

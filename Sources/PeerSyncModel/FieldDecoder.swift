@@ -90,6 +90,14 @@ struct FieldDecoderImpl: Decoder {
             guard case .bytes(let b) = value else { throw mismatch(type) }
             return Data(b) as? T
         case is FieldValue.Type: return value as? T
+        case is UUID.Type:
+            switch value {
+            case .uuid(let id): return id as? T
+            case .string(let text):
+                guard let id = UUID(uuidString: text) else { throw mismatch(type) }
+                return id as? T
+            default: throw mismatch(type)
+            }
         default: return nil
         }
     }
@@ -202,6 +210,7 @@ extension FieldValue {
         case .bytes: "bytes"
         case .list: "list"
         case .map: "map"
+        case .uuid: "UUID"
         }
     }
 }

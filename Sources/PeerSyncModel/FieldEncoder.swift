@@ -86,6 +86,7 @@ struct FieldEncoderImpl: Encoder {
         case let v as UInt: return try unsigned(UInt64(v), path)
         case let v as UInt64: return try unsigned(v, path)
         case let v as Data: return .bytes(Array(v))
+        case let v as UUID: return .uuid(v)
         case let v as FieldValue: return v
         default: return nil
         }

@@ -58,6 +58,7 @@ public enum JSONValue: Codable, Equatable, Sendable {
         case .bytes(let v): self = .string(Data(v).base64EncodedString())
         case .list(let v): self = .array(v.map(JSONValue.init))
         case .map(let v): self = .object(v.mapValues(JSONValue.init))
+        case .uuid(let v): self = .string(v.uuidString)
         }
     }
 }

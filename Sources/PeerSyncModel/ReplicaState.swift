@@ -128,10 +128,13 @@ public struct ReplicaState: Sendable {
         var fields = state.values
         fields["id"] = .string(id.uuidString)
         for reference in R.references {
-            guard case .string(let text)? = fields[reference.field] else { continue }
-            if let target = UUID(uuidString: text), contains(RecordKey(collection: reference.collection, id: target)) {
-                continue
+            let target: UUID?
+            switch fields[reference.field] {
+            case .uuid(let id)?: target = id
+            case .string(let text)?: target = UUID(uuidString: text)
+            default: continue
             }
+            if let target, contains(RecordKey(collection: reference.collection, id: target)) { continue }
             fields[reference.field] = .null
         }
         return try FieldDecoder().decode(type, fromFields: fields)

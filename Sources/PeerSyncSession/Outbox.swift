@@ -115,24 +115,24 @@ extension RecordMap {
         return total
     }
 
-    /// Splits into chunks of about `targetBytes`; only the last carries the context, so a
-    /// catch-up cut short never claims dots whose data did not arrive.
-    func chunked(targetBytes: Int) -> [RecordMap] {
-        var chunks: [RecordMap] = []
-        var current: [(RecordKey, RecordState)] = []
+    /// Index ranges of `records` that make chunks of about `targetBytes` (at least one range,
+    /// possibly empty). Only the last chunk carries the context, so a catch-up cut short never
+    /// claims dots whose data did not arrive.
+    func chunkBounds(_ records: [(RecordKey, RecordState)], targetBytes: Int) -> [Range<Int>] {
+        var bounds: [Range<Int>] = []
+        var start = 0
         var size = 0
-        for (key, state) in allRecords {
-            let recordBytes = 24 + state.presence.count * 12 + state.fields.values.reduce(0) { $0 + 20 + $1.value.approximateBytes }
-            if size + recordBytes > targetBytes && !current.isEmpty {
-                chunks.append(RecordMap(records: current, context: CausalContext()))
-                current = []
+        for (index, (_, state)) in records.enumerated() {
+            let recordBytes = 24 + state.presence.count * 12 + state.fields.values.reduce(0) { $0 + 8 + $1.value.approximateBytes }
+            if size + recordBytes > targetBytes && index > start {
+                bounds.append(start..<index)
+                start = index
                 size = 0
             }
-            current.append((key, state))
             size += recordBytes
         }
-        chunks.append(RecordMap(records: current, context: context))
-        return chunks
+        bounds.append(start..<records.count)
+        return bounds
     }
 }
 
@@ -146,6 +146,7 @@ extension FieldValue {
         case .bytes(let b): 2 + b.count
         case .list(let l): 2 + l.reduce(0) { $0 + $1.approximateBytes }
         case .map(let m): 2 + m.reduce(0) { $0 + 2 + $1.key.utf8.count + $1.value.approximateBytes }
+        case .uuid: 17
         }
     }
 }

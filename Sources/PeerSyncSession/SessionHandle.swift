@@ -23,6 +23,8 @@ final class SessionHandle: Sendable {
         var closeReason: String?
         var framesSent = 0
         var framesReceived = 0
+        var pendingCatchUp: [RecordMap] = []
+        var pendingRecords = 0
     }
 
     private let state: Mutex<State>
@@ -98,4 +100,19 @@ final class SessionHandle: Sendable {
     var closeReason: String? { state.withLock { $0.closeReason } }
 
     var frames: (sent: Int, received: Int) { state.withLock { ($0.framesSent, $0.framesReceived) } }
+
+    /// Adds a received catch-up chunk to the batch waiting for one transaction; returns the
+    /// batch when it is due (`flush`, or `limit` records reached).
+    func batchCatchUp(_ chunk: RecordMap, flush: Bool, limit: Int) -> [RecordMap]? {
+        state.withLock { s in
+            s.pendingCatchUp.append(chunk)
+            s.pendingRecords += chunk.recordCount
+            guard flush || s.pendingRecords >= limit else { return nil }
+            defer {
+                s.pendingCatchUp = []
+                s.pendingRecords = 0
+            }
+            return s.pendingCatchUp
+        }
+    }
 }

@@ -56,6 +56,9 @@ public actor SyncNode {
         }
     }
 
+    /// Catch-up chunks received in a row are committed in one transaction up to this many records.
+    static let catchUpBatchRecords = 50_000
+
     public nonisolated let configuration: Configuration
     nonisolated let storage: any SyncStorage
     nonisolated let logger: Logger
@@ -350,15 +353,21 @@ public actor SyncNode {
         case .established(let hello):
             return register(handle, hello: hello, logger: logger)
         case .applyChunk(let delta, let index, let count, let records):
-            guard apply(delta, from: handle, logger: logger) else { return false }
+            // Consecutive chunks commit together (up to catchUpBatchRecords): one transaction
+            // dirties each b-tree page once instead of once per chunk. Nothing is acked before
+            // the last chunk, so a batch lost to a crash is simply sent again.
+            let last = index + 1 == count
+            if let batch = handle.batchCatchUp(delta, flush: last, limit: Self.catchUpBatchRecords) {
+                guard apply(batch, from: handle, logger: logger) else { return false }
+            }
             if let info = handle.info {
                 emit(.catchUpProgress(info, chunk: Int(index) + 1, chunks: Int(count), records: Int(records)))
             }
-            if index + 1 == count {
+            if last {
                 handle.outbox.push(.message(.ack(storage.snapshot().context)))
             }
         case .applyDelta(let delta):
-            guard apply(delta, from: handle, logger: logger) else { return false }
+            guard apply([delta], from: handle, logger: logger) else { return false }
         case .acked(let context):
             handle.noteDelivered(context)
         case .digest(let digest, _):
@@ -414,25 +423,27 @@ public actor SyncNode {
         return true
     }
 
-    /// Applies a peer's delta durably and forwards it to the peers that lack it.
-    private func apply(_ delta: RecordMap, from source: SessionHandle, logger: Logger) -> Bool {
+    /// Applies a peer's deltas durably (one transaction) and forwards them to the peers that lack them.
+    private func apply(_ deltas: [RecordMap], from source: SessionHandle, logger: Logger) -> Bool {
         let before = storage.snapshot().context
         let outcome: MergeOutcome
         do {
-            outcome = try storage.applyRemote(delta, from: "peer:\(source.peer?.replicaID.shortDescription ?? "?")")
+            outcome = try storage.applyRemote(deltas, from: "peer:\(source.peer?.replicaID.shortDescription ?? "?")")
         } catch {
             logger.error("cannot store a delta from a peer; closing the session", metadata: ["error": "\(error)"])
             source.setCloseReason("local storage failed: \(error)")
             return false
         }
-        source.noteDelivered(delta.context)
         source.noteChanged()
-        let grew = !before.includes(delta.context)
-        guard !outcome.isEmpty || grew else { return true }
-        for other in established.values where other !== source {
-            if !delta.context.isEmpty && other.delivered.includes(delta.context) { continue }
-            other.noteChanged()
-            other.outbox.push(.delta(delta))
+        for delta in deltas {
+            source.noteDelivered(delta.context)
+            let grew = !before.includes(delta.context)
+            guard !outcome.isEmpty || grew else { continue }
+            for other in established.values where other !== source {
+                if !delta.context.isEmpty && other.delivered.includes(delta.context) { continue }
+                other.noteChanged()
+                other.outbox.push(.delta(delta))
+            }
         }
         if !outcome.isEmpty, let info = source.info { emit(.remoteChange(outcome, from: info)) }
         return true
@@ -485,11 +496,14 @@ public actor SyncNode {
                         frames.append(message.encodedFrame())
                     case .catchUp(let state):
                         flushDelta()
-                        let chunks = state.chunked(targetBytes: WireLimits.chunkTargetBytes)
-                        for (index, chunk) in chunks.enumerated() {
-                            frames.append(Message.chunk(index: UInt64(index), count: UInt64(chunks.count),
-                                                        records: UInt64(chunk.recordCount),
-                                                        delta: WireDelta.encode(chunk, with: dictionary)).encodedFrame())
+                        let records = state.allRecords
+                        let bounds = state.chunkBounds(records, targetBytes: WireLimits.chunkTargetBytes)
+                        for (index, range) in bounds.enumerated() {
+                            let last = index + 1 == bounds.count
+                            let payload = WireDelta.encode(records: records[range], context: last ? state.context : CausalContext(),
+                                                           with: dictionary)
+                            frames.append(Message.chunk(index: UInt64(index), count: UInt64(bounds.count),
+                                                        records: UInt64(range.count), delta: payload).encodedFrame())
                             if frames.count >= 4 {
                                 try await write(frames, outbound, allocator, handle)
                                 frames = []

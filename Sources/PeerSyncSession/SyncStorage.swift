@@ -6,8 +6,8 @@ import PeerSyncModel
 public protocol SyncStorage: Sendable {
     /// The replica's current state (a snapshot).
     func snapshot() -> ReplicaState
-    /// Joins a delta received from a peer, durably, in one transaction; returns what changed.
-    func applyRemote(_ delta: RecordMap, from peer: String) throws -> MergeOutcome
+    /// Joins deltas received from a peer, durably, in one transaction; returns what changed.
+    func applyRemote(_ deltas: [RecordMap], from peer: String) throws -> MergeOutcome
 }
 
 /// Something a node did that an app or a person may want to know.

@@ -18,8 +18,8 @@ import Synchronization
 public final class ReplicaStore: Sendable {
     /// The file name inside the store directory.
     public static let fileName = "replica.sqlite"
-    /// A delta larger than this is journaled as "reload" instead of its bytes.
-    static let largestJournaledDelta = 1 << 20
+    /// A delta of more records than this is journaled as "reload" instead of its bytes.
+    static let largestJournaledRecords = 256
     /// Journal entries kept (older ones are pruned); a reader further behind reloads.
     static let journalLength: Int64 = 10_000
 
@@ -109,7 +109,10 @@ public final class ReplicaStore: Sendable {
         config.label = "PeerSync store"
         // WAL with synchronous=FULL: a commit is on disk (fsync'd WAL) before a write returns,
         // so an edit reported done survives kill -9 and power loss alike.
-        config.prepareDatabase { db in try db.execute(sql: "PRAGMA synchronous = FULL") }
+        config.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA synchronous = FULL")
+            try db.execute(sql: "PRAGMA cache_size = -32768")  // 32 MiB of page cache per connection
+        }
         do {
             return try DatabasePool(path: path, configuration: config)
         } catch {
@@ -191,7 +194,7 @@ public final class ReplicaStore: Sendable {
     public func write(_ body: (inout ReplicaState) throws -> RecordMap?) throws -> RecordMap? {
         try transaction(origin: "local") { state in
             let delta = try body(&state)
-            return (delta, delta)
+            return (delta, delta.map { [$0] } ?? [])
         }
     }
 
@@ -199,12 +202,19 @@ public final class ReplicaStore: Sendable {
     /// A delta that changes nothing writes nothing.
     @discardableResult
     public func applyRemote(_ delta: RecordMap, from origin: String) throws(StoreError) -> MergeOutcome {
+        try applyRemote([delta], from: origin)
+    }
+
+    /// Joins several deltas (consecutive catch-up chunks) in one transaction: all or none.
+    @discardableResult
+    public func applyRemote(_ deltas: [RecordMap], from origin: String) throws(StoreError) -> MergeOutcome {
         do {
             return try transaction(origin: origin) { state in
                 let before = state.context
-                let outcome = state.apply(delta)
+                var outcome = MergeOutcome()
+                for delta in deltas { outcome.absorb(state.apply(delta)) }
                 let changed = !outcome.isEmpty || state.context != before
-                return (outcome, changed ? delta : nil)
+                return (outcome, changed ? deltas : [])
             }
         } catch {
             throw StoreError.wrap(error, path: path)
@@ -287,21 +297,33 @@ public final class ReplicaStore: Sendable {
     /// The shape of every state change: catch up, mutate a copy, persist what the delta touched,
     /// commit, and only then publish the new state.
     private func transaction<T: Sendable>(
-        origin: String, _ body: (inout ReplicaState) throws -> (T, RecordMap?)
+        origin: String, _ body: (inout ReplicaState) throws -> (T, [RecordMap])
     ) throws -> T {
         try inner.withLock { inner in
+            // Take the state out so it is uniquely referenced: mutating it then costs nothing
+            // extra, where a copy would duplicate every record on each transaction.
             var state = inner.state
+            inner.state = ReplicaState(replicaID: state.replicaID, name: state.name)
             var position = inner.position
-            let result: T = try run { db in
-                _ = try catchUp(db, &state, &position)
-                let conflictsBefore = state.conflicts.totalRecorded
-                let localBefore = state.localSettings
-                let (result, delta) = try body(&state)
-                let newConflicts = state.conflicts.entries.suffix(min(state.conflicts.totalRecorded - conflictsBefore,
-                                                                      state.conflicts.entries.count))
-                try persist(db, state: state, delta: delta, localBefore: localBefore,
-                            conflicts: Array(newConflicts), origin: origin, position: &position)
-                return result
+            let result: T
+            do {
+                result = try run { db in
+                    _ = try catchUp(db, &state, &position)
+                    let conflictsBefore = state.conflicts.totalRecorded
+                    let localBefore = state.localSettings
+                    let (result, deltas) = try body(&state)
+                    let newConflicts = state.conflicts.entries.suffix(min(state.conflicts.totalRecorded - conflictsBefore,
+                                                                          state.conflicts.entries.count))
+                    try persist(db, state: state, deltas: deltas, localBefore: localBefore,
+                                conflicts: Array(newConflicts), origin: origin, position: &position)
+                    return result
+                }
+            } catch {
+                // The transaction rolled back; the taken state may hold part of the change.
+                // Reload what is on disk (failures are rare: disk full, read-only, a throwing body).
+                inner.state = (try? pool.read { db in try Self.loadState(db, physicalClock: physicalClock) }) ?? state
+                inner.position = (try? pool.read { db in try Int64.fetchOne(db, sql: "SELECT max(seq) FROM journal") ?? 0 }) ?? inner.position
+                throw error
             }
             inner.state = state
             inner.position = position
@@ -319,28 +341,36 @@ public final class ReplicaStore: Sendable {
     }
 
     private func persist(
-        _ db: Database, state: ReplicaState, delta: RecordMap?, localBefore: [String: FieldValue],
+        _ db: Database, state: ReplicaState, deltas: [RecordMap], localBefore: [String: FieldValue],
         conflicts: [ConflictEntry], origin: String, position: inout Int64
     ) throws {
-        if let delta {
+        if !deltas.isEmpty {
             let upsert = try db.cachedStatement(sql: """
                 INSERT INTO record (collection, id, visible, state) VALUES (?, ?, ?, ?)
                 ON CONFLICT (collection, id) DO UPDATE SET visible = excluded.visible, state = excluded.state
                 """)
-            for (collection, records) in delta.collections {
-                for id in records.keys {
-                    guard let record = state.records.record(RecordKey(collection: collection, id: id)) else { continue }
-                    try upsert.execute(arguments: [collection, id.data, record.isVisible, Data(record.encodedBlob())])
+            var records = 0
+            for delta in deltas {
+                records += delta.recordCount
+                for (collection, changed) in delta.collections {
+                    let stored = state.records.records(in: collection)
+                    for id in changed.keys {
+                        guard let record = stored[id] else { continue }
+                        try upsert.execute(arguments: [collection, id.data, record.isVisible, Data(record.encodedBlob())])
+                    }
                 }
             }
             try db.execute(sql: "UPDATE replica SET clock = ?, context = ?", arguments: [
                 Int64(bitPattern: state.clock.latest.rawValue), Data(state.context.encodedBlob()),
             ])
-            let bytes = delta.encoded()
+            // Big changes (catch-up batches) are journaled as "reload" markers: encoding and
+            // writing them twice would double the cost of a catch-up, and readers rarely need them.
+            let journaled: RecordMap? = records > Self.largestJournaledRecords ? nil
+                : deltas.count == 1 ? deltas[0] : deltas.reduce(into: RecordMap.empty()) { $0.merge($1) }
             var row = JournalRow(
                 committedAt: Int64(physicalClock()), origin: origin,
-                summary: Self.summary(of: delta),
-                delta: bytes.count <= Self.largestJournaledDelta ? Data(bytes) : nil)
+                summary: journaled.map(Self.summary(of:)) ?? "\(records) records",
+                delta: journaled.map { Data($0.encoded()) })
             try row.insert(db)
             position = row.seq ?? position
         }
@@ -406,12 +436,11 @@ public final class ReplicaStore: Sendable {
 
     static func summary(of delta: RecordMap) -> String {
         let records = delta.recordCount
-        let fields = delta.fieldCount
         if records == 1, let (key, state) = delta.allRecords.first {
             if state.fields.isEmpty && state.presence.values.contains(where: { !$0.isLive }) { return "deleted \(key)" }
             return "wrote \(key) \(state.fields.keys.sorted().joined(separator: ","))"
         }
-        return "\(records) records, \(fields) fields"
+        return "\(records) records, \(delta.fieldCount) fields"
     }
 }
 

@@ -10,8 +10,16 @@ import PeerSyncCRDT
 /// context     = varint(#replicas) (replica-ref varint(contiguous) varint(#cloud) varint(gap)…)…
 ///               (cloud counters ascending; each gap is the distance from the previous counter,
 ///                the first from `contiguous`; gaps are ≥ 1)
-/// record      = 16-byte UUID varint(#fields) field… varint(#presence) presence…
-/// field       = name-ref value timestamp replica-ref(writer) varint(counter) supersedes
+/// record      = 16-byte UUID varint(flags) [base] varint(#fields) field… [varint(#presence) presence…]
+///   flags bit 0: a base follows (the timestamp and dot most of the record's fields share)
+///   flags bit 1: the presence is exactly {base writer: (base counter, live)} and is not listed
+/// base        = zigzag-varint(raw timestamp − previous record's base raw timestamp)
+///               replica-ref(writer) zigzag-varint(counter − previous record's base counter)
+///               (records are sent sorted by base dot, so both differences are small)
+/// field       = name-ref value varint(kind) [zigzag-varint(raw timestamp − base raw timestamp)]
+///               [replica-ref(writer) varint(counter)] [supersedes]
+///   kind bit 0: own timestamp follows; bit 1: own dot follows; bit 2: supersedes follows
+///   (without bit 0/1 the field has the base's timestamp/dot; without bit 2 it supersedes nothing)
 /// presence    = replica-ref varint(counter) 00
 ///             | replica-ref varint(counter) 01 replica-ref(remover) varint(remover counter)
 ///
@@ -22,12 +30,13 @@ import PeerSyncCRDT
 ///
 /// timestamp   = zigzag-varint(physical ms − previous physical ms in this direction) varint(logical)
 /// supersedes  = 00 (none) | varint(1 + physical ms difference to the field's timestamp) varint(logical)
+///               (in a general-form field, kind bit 2 replaces the 00 case: present means non-zero)
+/// raw timestamp = the 64-bit packed HLC (physical ms << 16 | logical); differences wrap mod 2⁶⁴
 /// value       = FieldValue canonical encoding (docs/PROTOCOL.md)
 /// ```
 public enum WireDelta {
     public static func encode(_ delta: RecordMap, with dictionary: WireDictionary) -> [UInt8] {
         var out: [UInt8] = []
-        out.reserveCapacity(64)
         if let event = singleEvent(delta) {
             out.append(1)
             dictionary.writeReplica(event.dot.replica, to: &out)
@@ -43,38 +52,100 @@ public enum WireDelta {
             }
             return out
         }
+        return encode(records: delta.allRecords, context: delta.context, with: dictionary, into: out)
+    }
+
+    /// The general form of the given records and context (a catch-up chunk is encoded straight
+    /// from a slice of the state's records this way, without building a map for it).
+    public static func encode(
+        records: some Collection<(RecordKey, RecordState)>, context: CausalContext, with dictionary: WireDictionary
+    ) -> [UInt8] {
+        encode(records: records, context: context, with: dictionary, into: [])
+    }
+
+    static func encode(
+        records: some Collection<(RecordKey, RecordState)>, context: CausalContext, with dictionary: WireDictionary,
+        into prefix: [UInt8]
+    ) -> [UInt8] {
+        var out = prefix
+        var byCollection: [String: [(UUID, RecordState)]] = [:]
+        for (key, state) in records { byCollection[key.collection, default: []].append((key.id, state)) }
         out.append(0)
-        writeContext(delta.context, with: dictionary, to: &out)
-        Varint.append(UInt64(delta.collections.count), to: &out)
-        for (collection, records) in delta.collections.sorted(by: { $0.key < $1.key }) {
+        writeContext(context, with: dictionary, to: &out)
+        Varint.append(UInt64(byCollection.count), to: &out)
+        var previous = (time: UInt64(dictionary.lastPhysical) << 16, counter: UInt64(0))
+        for (collection, records) in byCollection.sorted(by: { $0.key < $1.key }) {
             dictionary.writeName(collection, to: &out)
             Varint.append(UInt64(records.count), to: &out)
-            for (id, state) in records {
-                appendUUID(id, to: &out)
-                Varint.append(UInt64(state.fields.count), to: &out)
-                for (name, register) in state.fields.sorted(by: { $0.key < $1.key }) {
+            let ordered = records.map { (id: $0.0, state: $0.1, base: base(of: $0.1)) }
+                .sorted { ($0.base?.dot ?? Dot(replica: ReplicaID(high: 0, low: 0), counter: 0)) < ($1.base?.dot ?? Dot(replica: ReplicaID(high: 0, low: 0), counter: 0)) }
+            for record in ordered {
+                appendUUID(record.id, to: &out)
+                let simplePresence = record.base.map { record.state.presence == [$0.dot.replica: PresenceEntry(counter: $0.dot.counter, removedBy: nil)] } ?? false
+                out.append((record.base == nil ? 0 : 1) | (simplePresence ? 2 : 0))
+                if let base = record.base {
+                    appendZigzag(Int64(bitPattern: base.timestamp.rawValue &- previous.time), to: &out)
+                    dictionary.writeReplica(base.dot.replica, to: &out)
+                    appendZigzag(Int64(bitPattern: base.dot.counter &- previous.counter), to: &out)
+                    previous = (base.timestamp.rawValue, base.dot.counter)
+                }
+                Varint.append(UInt64(record.state.fields.count), to: &out)
+                for (name, register) in record.state.fields.sorted(by: { $0.key < $1.key }) {
                     dictionary.writeName(name, to: &out)
                     register.value.encode(into: &out)
-                    dictionary.writeTimestamp(register.timestamp, to: &out)
-                    dictionary.writeReplica(register.dot.replica, to: &out)
-                    Varint.append(register.dot.counter, to: &out)
-                    writeSupersedes(register, to: &out)
+                    let ownTime = register.timestamp != record.base?.timestamp
+                    let ownDot = register.dot != record.base?.dot
+                    let hasSupersedes = register.supersedes != .zero
+                    out.append((ownTime ? 1 : 0) | (ownDot ? 2 : 0) | (hasSupersedes ? 4 : 0))
+                    if ownTime {
+                        appendZigzag(Int64(bitPattern: register.timestamp.rawValue &- (record.base?.timestamp.rawValue ?? previous.time)), to: &out)
+                    }
+                    if ownDot {
+                        dictionary.writeReplica(register.dot.replica, to: &out)
+                        Varint.append(register.dot.counter, to: &out)
+                    }
+                    if hasSupersedes { writeSupersedes(register, to: &out) }
                 }
-                Varint.append(UInt64(state.presence.count), to: &out)
-                for (replica, entry) in state.presence.sorted(by: { $0.key < $1.key }) {
-                    dictionary.writeReplica(replica, to: &out)
-                    Varint.append(entry.counter, to: &out)
-                    if let remover = entry.removedBy {
-                        out.append(1)
-                        dictionary.writeReplica(remover.replica, to: &out)
-                        Varint.append(remover.counter, to: &out)
-                    } else {
-                        out.append(0)
+                if !simplePresence {
+                    Varint.append(UInt64(record.state.presence.count), to: &out)
+                    for (replica, entry) in record.state.presence.sorted(by: { $0.key < $1.key }) {
+                        dictionary.writeReplica(replica, to: &out)
+                        Varint.append(entry.counter, to: &out)
+                        if let remover = entry.removedBy {
+                            out.append(1)
+                            dictionary.writeReplica(remover.replica, to: &out)
+                            Varint.append(remover.counter, to: &out)
+                        } else {
+                            out.append(0)
+                        }
                     }
                 }
             }
         }
         return out
+    }
+
+    /// The (timestamp, dot) most fields of a record share; nil for a record without fields.
+    static func base(of state: RecordState) -> (timestamp: HLCTimestamp, dot: Dot)? {
+        var best: (timestamp: HLCTimestamp, dot: Dot)?
+        var bestCount = 0
+        for register in state.fields.values {
+            let count = state.fields.values.reduce(0) { $0 + ($1.timestamp == register.timestamp && $1.dot == register.dot ? 1 : 0) }
+            if count > bestCount || (count == bestCount && best.map { (register.dot, register.timestamp) < ($0.dot, $0.timestamp) } == true) {
+                best = (register.timestamp, register.dot)
+                bestCount = count
+            }
+        }
+        return best
+    }
+
+    static func appendZigzag(_ value: Int64, to out: inout [UInt8]) {
+        Varint.append(UInt64(bitPattern: (value << 1) ^ (value >> 63)), to: &out)
+    }
+
+    static func readZigzag(_ r: inout ByteReader) throws(WireError) -> Int64 {
+        guard let raw = r.readVarint() else { throw .malformed(message: "delta", detail: "truncated number") }
+        return Int64(bitPattern: (raw >> 1) ^ (0 &- (raw & 1)))
     }
 
     public static func decode(_ bytes: [UInt8], with dictionary: WireDictionary) throws(WireError) -> RecordMap {
@@ -103,34 +174,60 @@ public enum WireDelta {
             context = CausalContext(dots: [dot])
         case 0:
             context = try readContext(&r, with: dictionary)
+            var previous = (time: UInt64(dictionary.lastPhysical) << 16, counter: UInt64(0))
             for _ in 0..<(try readCount(&r)) {
                 let collection = try dictionary.readName(from: &r)
                 for _ in 0..<(try readCount(&r)) {
                     let key = RecordKey(collection: collection, id: try readUUID(&r))
+                    guard let flags = r.readByte(), flags < 4 else { throw .malformed(message: "delta", detail: "bad record flags") }
+                    var base: (timestamp: HLCTimestamp, dot: Dot)?
+                    if flags & 1 != 0 {
+                        let time = previous.time &+ UInt64(bitPattern: try readZigzag(&r))
+                        let writer = try dictionary.readReplica(from: &r)
+                        let counter = previous.counter &+ UInt64(bitPattern: try readZigzag(&r))
+                        guard counter >= 1, time >> 16 < (1 << 48) else { throw .malformed(message: "delta", detail: "bad record base") }
+                        base = (HLCTimestamp(rawValue: time), Dot(replica: writer, counter: counter))
+                        previous = (time, counter)
+                    } else if flags & 2 != 0 {
+                        throw .malformed(message: "delta", detail: "implied presence without a base")
+                    }
                     var fields: [String: FieldRegister] = [:]
                     for _ in 0..<(try readCount(&r)) {
                         let name = try dictionary.readName(from: &r)
                         let value = try readValue(&r)
-                        let timestamp = try dictionary.readTimestamp(from: &r)
-                        let writer = try dictionary.readReplica(from: &r)
-                        let counter = try readCounter(&r)
-                        let supersedes = try readSupersedes(&r, timestamp: timestamp)
+                        guard let kind = r.readByte(), kind < 8 else { throw .malformed(message: "delta", detail: "bad field kind") }
+                        var timestamp = base?.timestamp
+                        var dot = base?.dot
+                        if kind & 1 != 0 {
+                            let raw = (base?.timestamp.rawValue ?? previous.time) &+ UInt64(bitPattern: try readZigzag(&r))
+                            guard raw >> 16 < (1 << 48) else { throw .malformed(message: "delta", detail: "timestamp out of range") }
+                            timestamp = HLCTimestamp(rawValue: raw)
+                        }
+                        if kind & 2 != 0 {
+                            dot = Dot(replica: try dictionary.readReplica(from: &r), counter: try readCounter(&r))
+                        }
+                        guard let timestamp, let dot else { throw .malformed(message: "delta", detail: "field without timestamp or dot") }
+                        let supersedes = kind & 4 != 0 ? try readSupersedes(&r, timestamp: timestamp) : .zero
+                        guard kind & 4 == 0 || supersedes != .zero else { throw .malformed(message: "delta", detail: "bad supersedes") }
                         guard fields[name] == nil else { throw .malformed(message: "delta", detail: "field \(name) twice") }
-                        fields[name] = FieldRegister(value: value, timestamp: timestamp,
-                                                     dot: Dot(replica: writer, counter: counter), supersedes: supersedes)
+                        fields[name] = FieldRegister(value: value, timestamp: timestamp, dot: dot, supersedes: supersedes)
                     }
                     var presence: [ReplicaID: PresenceEntry] = [:]
-                    for _ in 0..<(try readCount(&r)) {
-                        let replica = try dictionary.readReplica(from: &r)
-                        let counter = try readCounter(&r)
-                        let removedBy: Dot?
-                        switch r.readByte() {
-                        case 0: removedBy = nil
-                        case 1: removedBy = Dot(replica: try dictionary.readReplica(from: &r), counter: try readCounter(&r))
-                        default: throw .malformed(message: "delta", detail: "bad presence flag")
+                    if flags & 2 != 0, let base {
+                        presence[base.dot.replica] = PresenceEntry(counter: base.dot.counter, removedBy: nil)
+                    } else {
+                        for _ in 0..<(try readCount(&r)) {
+                            let replica = try dictionary.readReplica(from: &r)
+                            let counter = try readCounter(&r)
+                            let removedBy: Dot?
+                            switch r.readByte() {
+                            case 0: removedBy = nil
+                            case 1: removedBy = Dot(replica: try dictionary.readReplica(from: &r), counter: try readCounter(&r))
+                            default: throw .malformed(message: "delta", detail: "bad presence flag")
+                            }
+                            guard presence[replica] == nil else { throw .malformed(message: "delta", detail: "presence entry twice") }
+                            presence[replica] = PresenceEntry(counter: counter, removedBy: removedBy)
                         }
-                        guard presence[replica] == nil else { throw .malformed(message: "delta", detail: "presence entry twice") }
-                        presence[replica] = PresenceEntry(counter: counter, removedBy: removedBy)
                     }
                     guard !fields.isEmpty || !presence.isEmpty else { throw .malformed(message: "delta", detail: "empty record") }
                     guard records[key] == nil else { throw .malformed(message: "delta", detail: "record \(key) twice") }
@@ -141,7 +238,7 @@ public enum WireDelta {
             throw .malformed(message: "delta", detail: "unknown form \(form)")
         }
         guard r.isAtEnd else { throw .malformed(message: "delta", detail: "\(r.remaining) trailing bytes") }
-        return RecordMap(records: records.map { ($0.key, $0.value) }, context: context)
+        return RecordMap(records: records.map { ($0.key, $0.value) }, context: context, maintainingDigest: false)
     }
 
     /// The delta of exactly one write event, if `delta` is one.

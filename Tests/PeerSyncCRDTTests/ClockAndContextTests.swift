@@ -95,7 +95,8 @@ struct CausalContextTests {
 @Suite("Field values")
 struct FieldValueTests {
     static func random(_ rng: inout SeededGenerator, depth: Int = 0) -> FieldValue {
-        switch Int.random(in: 0..<(depth < 3 ? 9 : 7), using: &rng) {
+        switch Int.random(in: 0..<(depth < 3 ? 10 : 8), using: &rng) {
+        case 9: return .uuid(UUID(uuid: (UInt8.random(in: 0...255, using: &rng), 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, UInt8.random(in: 0...255, using: &rng))))
         case 0: return .null
         case 1: return .bool(rng.chance(0.5))
         case 2: return .int(Int64.random(in: .min ... .max, using: &rng))

@@ -88,7 +88,7 @@ struct TypedRecordTests {
         #expect(try b.fetch(ShiftType.self, id: shift.id)?.locationID == nil)
         #expect(try b.fetch(Location.self, id: place.id) == nil)
         // The shift type's stored field is untouched: only the location's presence changed.
-        #expect(b.records.record(shift.recordKey)?.fields["locationID"]?.value == .string(place.id.uuidString))
+        #expect(b.records.record(shift.recordKey)?.fields["locationID"]?.value == .uuid(place.id))
         #expect(b.digest != digestBefore && b.digest == a.digest)
     }
 
