@@ -37,4 +37,7 @@ fi
 echo "== benchmark smoke (quick mode; numbers are meaningless here, see docs/BENCHMARKS.md)"
 swift run --skip-build PeerSyncBenchmarks --quick
 
+echo "== fuzz the wire decoders (bounded: ${PEERSYNC_FUZZ_RUNS:-50000} inputs; Scripts/fuzz.sh N for more)"
+Scripts/fuzz.sh "${PEERSYNC_FUZZ_RUNS:-50000}"
+
 echo "== all passed in $(( $(date +%s) - start )) s"
