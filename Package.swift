@@ -21,6 +21,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
         .package(url: "https://github.com/apple/swift-crypto", from: "4.5.2"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
     ],
     targets: [
         .target(name: "PeerSyncCRDT"),
@@ -57,6 +58,10 @@ let package = Package(
             dependencies: [
                 "PeerSync",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ]
         ),
         .executableTarget(
@@ -84,6 +89,7 @@ let package = Package(
         ),
         .executableTarget(name: "peersync-wire-fuzz", dependencies: ["PeerSyncWire", "PeerSyncCRDT"], path: "Tests/WireFuzz",
                           exclude: ["corpus"]),
+        .testTarget(name: "PeerSyncCLITests", dependencies: ["PeerSyncTestSupport", "peersync"]),
         .testTarget(name: "PeerSyncWireTests", dependencies: ["PeerSyncWire", "PeerSyncCRDT", "PeerSyncTestSupport"]),
         .testTarget(
             name: "PeerSyncStoreTests",
@@ -96,7 +102,7 @@ let package = Package(
         ),
         .testTarget(
             name: "PeerSyncDiscoveryTests",
-            dependencies: ["PeerSyncDiscovery", "PeerSyncCRDT", "PeerSyncTestSupport", "peersync-discovery-probe"]
+            dependencies: ["PeerSyncDiscovery", "PeerSyncCRDT", "peersync-discovery-probe"]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -36,6 +36,9 @@ public final class ReplicaStore: Sendable {
         var position: Int64
         var dataVersion: Int?
         var commitsSincePrune = 0
+        /// Other processes' commits joined inside this process's own transactions; the next
+        /// ``refresh()`` reports them, so they are shipped to peers like any other.
+        var absorbed: [StoreChange] = []
     }
 
     // MARK: - Opening
@@ -237,9 +240,13 @@ public final class ReplicaStore: Sendable {
         do {
             let version = try observer.inDatabase { try Int.fetchOne($0, sql: "PRAGMA data_version") }
             return try inner.withLock { inner in
-                if version == inner.dataVersion { return [] }
-                inner.dataVersion = version
-                return try pool.read { db in try self.catchUp(db, &inner.state, &inner.position) }
+                var changes = inner.absorbed
+                inner.absorbed = []
+                if version != inner.dataVersion {
+                    inner.dataVersion = version
+                    changes += try pool.read { db in try self.catchUp(db, &inner.state, &inner.position) }
+                }
+                return changes
             }
         } catch {
             throw StoreError.wrap(error, path: path)
@@ -305,10 +312,11 @@ public final class ReplicaStore: Sendable {
             var state = inner.state
             inner.state = ReplicaState(replicaID: state.replicaID, name: state.name)
             var position = inner.position
+            var absorbed: [StoreChange] = []
             let result: T
             do {
                 result = try run { db in
-                    _ = try catchUp(db, &state, &position)
+                    absorbed = try catchUp(db, &state, &position)
                     let conflictsBefore = state.conflicts.totalRecorded
                     let localBefore = state.localSettings
                     let (result, deltas) = try body(&state)
@@ -321,12 +329,14 @@ public final class ReplicaStore: Sendable {
             } catch {
                 // The transaction rolled back; the taken state may hold part of the change.
                 // Reload what is on disk (failures are rare: disk full, read-only, a throwing body).
+                // The position stays where it was, so the next refresh() still reports (and the
+                // node still ships) other processes' commits joined into this reloaded state.
                 inner.state = (try? pool.read { db in try Self.loadState(db, physicalClock: physicalClock) }) ?? state
-                inner.position = (try? pool.read { db in try Int64.fetchOne(db, sql: "SELECT max(seq) FROM journal") ?? 0 }) ?? inner.position
                 throw error
             }
             inner.state = state
             inner.position = position
+            inner.absorbed += absorbed
             inner.commitsSincePrune += 1
             if inner.commitsSincePrune >= 256 {
                 inner.commitsSincePrune = 0

@@ -1,15 +1,123 @@
 import ArgumentParser
+import Foundation
 import PeerSync
 
 @main
-struct PeerSyncCommand: ParsableCommand {
+struct PeerSyncCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "peersync",
         abstract: "Keep shift types, locations and settings in sync between machines on a LAN, with no server.",
         discussion: """
-            This build has the data model only; the store, sync sessions and the data commands \
-            arrive with the next milestones (see docs/ARCHITECTURE.md).
+            Every machine holds all the data and works offline; `peersync run` exchanges what \
+            the other side lacks whenever peers meet. Start with `peersync init`, then \
+            `peersync run` on each machine (see `peersync demo` for a tour).
             """,
-        version: PeerSync.version
+        version: PeerSync.version,
+        subcommands: [
+            Init.self, Invite.self, Run.self, LocationCommand.self, ShiftTypeCommand.self, SettingsCommand.self,
+            Status.self, Log.self, Conflicts.self, Watch.self, Export.self, Import.self, Demo.self, Doctor.self,
+        ]
     )
+}
+
+/// `--store DIR`, or `PEERSYNC_STORE`, or `$XDG_DATA_HOME/peersync` (`~/.local/share/peersync`).
+struct StoreOptions: ParsableArguments {
+    @Option(name: .long, help: "The replica's directory (default: $PEERSYNC_STORE, else $XDG_DATA_HOME/peersync).")
+    var store: String?
+
+    var directory: String {
+        if let store { return store }
+        let env = ProcessInfo.processInfo.environment
+        if let path = env["PEERSYNC_STORE"], !path.isEmpty { return path }
+        let data = env["XDG_DATA_HOME"].flatMap { $0.isEmpty ? nil : $0 }
+            ?? (NSHomeDirectory() as NSString).appendingPathComponent(".local/share")
+        return (data as NSString).appendingPathComponent("peersync")
+    }
+
+    func openStore() throws -> ReplicaStore {
+        try ReplicaStore.open(directory: directory)
+    }
+
+    var secretPath: String { (directory as NSString).appendingPathComponent("group-secret") }
+
+    func readSecret() throws -> GroupSecret {
+        guard let text = try? String(contentsOfFile: secretPath, encoding: .utf8) else {
+            throw CLIError("no group secret in \(directory) (run `peersync init` or `peersync init --join CODE`)")
+        }
+        do {
+            return try GroupSecret(inviteCode: text.trimmingCharacters(in: .whitespacesAndNewlines))
+        } catch {
+            throw CLIError("\(secretPath): \(error)")
+        }
+    }
+
+    func writeSecret(_ secret: GroupSecret) throws {
+        guard FileManager.default.createFile(atPath: secretPath, contents: Data((secret.inviteCode + "\n").utf8),
+                                             attributes: [.posixPermissions: 0o600]) else {
+            throw CLIError("cannot write \(secretPath)")
+        }
+    }
+}
+
+/// An error for a person: printed as one line, exit status 1.
+struct CLIError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// Stable JSON for `--json` output (keys sorted, documented in docs/CLI.md).
+func printJSON<T: Encodable>(_ value: T) throws {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+    encoder.dateEncodingStrategy = .iso8601
+    print(String(decoding: try encoder.encode(value), as: UTF8.self))
+}
+
+func parseUUID(_ text: String, _ what: String) throws -> UUID {
+    guard let id = UUID(uuidString: text) else { throw CLIError("\"\(text)\" is not a \(what) ID (expected a UUID)") }
+    return id
+}
+
+func parseHostPort(_ text: String) throws -> (host: String, port: Int) {
+    guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65_535).contains(port) else {
+        throw CLIError("\"\(text)\" is not HOST:PORT (e.g. 192.168.1.20:7946)")
+    }
+    var host = String(text[..<colon])
+    if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+    guard !host.isEmpty else { throw CLIError("\"\(text)\" has no host") }
+    return (host, port)
+}
+
+/// Seconds from "8h", "7h30m", "90m", "45s", "3600" or ISO 8601 "PT8H".
+func parseDuration(_ text: String) throws -> Double {
+    let trimmed = text.trimmingCharacters(in: .whitespaces).lowercased()
+    if let seconds = Double(trimmed), seconds >= 0 { return seconds }
+    if trimmed.hasPrefix("p"), let seconds = ISO8601Duration.seconds(trimmed) { return seconds }
+    var total = 0.0
+    var number = ""
+    var sawUnit = false
+    for ch in trimmed {
+        if ch.isNumber || ch == "." { number.append(ch); continue }
+        guard let value = Double(number) else { throw invalidDuration(text) }
+        switch ch {
+        case "h": total += value * 3_600
+        case "m": total += value * 60
+        case "s": total += value
+        default: throw invalidDuration(text)
+        }
+        number = ""
+        sawUnit = true
+    }
+    guard sawUnit, number.isEmpty else { throw invalidDuration(text) }
+    return total
+}
+
+private func invalidDuration(_ text: String) -> CLIError {
+    CLIError("invalid duration \"\(text)\": use e.g. 8h, 7h30m, 90m, 3600 (seconds) or PT8H")
+}
+
+func formatDuration(_ seconds: Double) -> String {
+    let total = Int(seconds.rounded())
+    let (h, m, s) = (total / 3600, total % 3600 / 60, total % 60)
+    return [h > 0 ? "\(h)h" : "", m > 0 ? "\(m)m" : "", s > 0 || total == 0 ? "\(s)s" : ""].joined()
 }

@@ -111,6 +111,23 @@ struct StoreTests {
         #expect(reopened.state.digest == store.state.digest)
     }
 
+    @Test("another process's commits joined inside this process's own transaction are still reported")
+    func absorbedChangesAreReported() throws {
+        let dir = try makeTemporaryDirectory()
+        defer { removeTemporaryDirectory(dir) }
+        let node = try ReplicaStore.create(directory: dir, name: "node")
+        let cli = try ReplicaStore.open(directory: dir)  // a second connection, as the CLI's process has
+        let fromCLI = Location(name: "written by the CLI")
+        try cli.write { try $0.save(fromCLI) }
+        // The node commits something of its own before it looks for external changes...
+        try node.write { try $0.save(Location(name: "written by the node")) }
+        #expect(node.state.contains(fromCLI.recordKey))
+        // ...and refresh() still reports the CLI's commit, so the node ships it to peers.
+        let reported = try node.refresh().compactMap(\.delta).flatMap { $0.allRecords.map(\.0) }
+        #expect(reported.contains(fromCLI.recordKey))
+        #expect(try node.refresh().isEmpty)
+    }
+
     @Test("SIGKILL in the middle of a stream of writes loses no reported commit", arguments: 0..<10)
     func killNineLosesNothing(trial: Int) throws {
         let dir = try makeTemporaryDirectory()

@@ -1,0 +1,60 @@
+import ArgumentParser
+import Foundation
+import NIOCore
+import NIOPosix
+import PeerSync
+
+struct Doctor: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Explain why sync does not work: store, secret, listen port, running node, and each --peer.")
+
+    @OptionGroup var options: StoreOptions
+    @Option(help: "The address `peersync run` listens on.") var listen: String = "0.0.0.0:7946"
+    @Option(name: .customLong("peer"), help: "A peer to check, HOST:PORT (repeatable).") var peers: [String] = []
+    @Flag(help: "Check peers without TLS (as `run --insecure`).") var insecure = false
+
+    func run() async throws {
+        var failures = 0
+        func report(_ ok: Bool, _ text: String) {
+            print("\(ok ? "ok  " : "FAIL")  \(text)")
+            if !ok { failures += 1 }
+        }
+        let store = try? options.openStore()
+        report(store != nil, store.map { "store \(options.directory): replica \($0.replicaID) (\($0.state.name))" }
+            ?? "no replica at \(options.directory) (run `peersync init`)")
+        var security = SessionSecurity.insecure
+        if !insecure {
+            do {
+                let secret = try options.readSecret()
+                security = .groupSecret(secret)
+                report(true, "group secret found (discovery tag \(secret.groupTag))")
+            } catch {
+                report(false, "\(error)")
+            }
+        }
+        let address = try parseHostPort(listen)
+        if let node = runningNode(options) {
+            report(true, "a node runs on this store (pid \(node.pid), listening on \(node.listen), \(node.peers.count) peers connected)")
+        } else {
+            do {
+                let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+                    .bind(host: address.host, port: address.port).get()
+                try await channel.close()
+                report(true, "port \(address.port) on \(address.host) is free for `peersync run` (no node running on this store)")
+            } catch {
+                report(false, "cannot listen on \(listen): \(error) (another program on that port? choose --listen)")
+            }
+        }
+        for text in peers {
+            let peer = try parseHostPort(text)
+            let result = await SessionProbe.probe(host: peer.host, port: peer.port, security: security)
+            if let hello = result.hello {
+                let offset = Double(result.clockOffsetMilliseconds ?? 0) / 1000
+                report(true, "peer \(text): \(hello.name) (\(hello.replicaID.shortDescription)), protocol \(hello.protocolVersion), clock offset \(String(format: "%+.1f", offset)) s")
+            } else {
+                report(false, "peer \(text): \(result.failure ?? "no answer")")
+            }
+        }
+        if failures > 0 { throw ExitCode(1) }
+    }
+}

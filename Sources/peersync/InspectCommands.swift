@@ -1,0 +1,193 @@
+import ArgumentParser
+import Foundation
+import PeerSync
+
+/// The running node's status file, if a node is running on this store.
+func runningNode(_ options: StoreOptions) -> NodeStatusFile? {
+    let path = (options.directory as NSString).appendingPathComponent("node.json")
+    guard let data = FileManager.default.contents(atPath: path) else { return nil }
+    let decoder = JSONDecoder()
+    decoder.dateDecodingStrategy = .iso8601
+    guard let status = try? decoder.decode(NodeStatusFile.self, from: data), kill(status.pid, 0) == 0 else { return nil }
+    return status
+}
+
+struct Status: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Identity, counts, digest, and the running node's peers.")
+    @OptionGroup var options: StoreOptions
+    @Flag(help: "Print JSON (docs/CLI.md).") var json = false
+
+    struct Output: Codable {
+        var replicaID: String
+        var name: String
+        var store: String
+        var digest: String
+        var records: [String: Int]
+        var syncedSettings: Int
+        var localSettings: Int
+        var conflicts: Int
+        var node: NodeStatusFile?
+    }
+
+    func run() async throws {
+        let store = try options.openStore()
+        let state = store.state
+        let output = Output(
+            replicaID: state.replicaID.description, name: state.name, store: options.directory,
+            digest: state.digest.description, records: try store.visibleCounts().filter { $0.key != RecordKey.syncedSettings.collection },
+            syncedSettings: state.settings(scope: .synced).count, localSettings: state.settings(scope: .local).count,
+            conflicts: state.conflicts.entries.count, node: runningNode(options))
+        if json { return try printJSON(output) }
+        print("replica   \(output.replicaID) (\(output.name))")
+        print("store     \(output.store)")
+        print("digest    \(output.digest)")
+        print("records   " + (output.records.isEmpty ? "none" : output.records.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", ")))
+        print("settings  \(output.syncedSettings) synced, \(output.localSettings) local; conflicts logged: \(output.conflicts)")
+        guard let node = output.node else { return print("node      not running (start one with `peersync run`)") }
+        print("node      pid \(node.pid), listening on \(node.listen)\(node.insecure ? " — INSECURE" : "")")
+        for peer in node.peers {
+            let synced = peer.lastConvergedAt.map { "in sync as of \(ISO8601DateFormatter().string(from: $0))" } ?? "syncing"
+            print("  peer    \(peer.name) \(peer.replicaID.prefix(8)) at \(peer.address): \(synced)")
+        }
+        if node.peers.isEmpty { print("  no peers connected") }
+    }
+}
+
+struct Log: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Who changed what, newest last (the store keeps the last 10,000 changes).")
+    @OptionGroup var options: StoreOptions
+    @Option(help: "How many entries.") var limit = 50
+    @Flag(help: "Print JSON (docs/CLI.md).") var json = false
+
+    struct Entry: Codable {
+        struct Change: Codable {
+            var record: String
+            var fields: [String]
+            var writer: String
+            var timestamp: String
+            var deleted: Bool
+        }
+        var sequence: Int64
+        var committedAt: Date
+        var origin: String
+        var summary: String
+        var changes: [Change]?
+    }
+
+    func run() async throws {
+        let entries = try options.openStore().journal(limit: limit).map { e in
+            Entry(sequence: e.sequence, committedAt: Date(timeIntervalSince1970: Double(e.committedAt) / 1000), origin: e.origin,
+                  summary: e.summary, changes: e.delta.map { delta in
+                      delta.allRecords.sorted { $0.0 < $1.0 }.map { key, state in
+                          let writer = state.fields.values.first?.dot.replica ?? state.presence.values.compactMap(\.removedBy).first?.replica
+                          return Entry.Change(record: key.description, fields: state.fields.keys.sorted(),
+                                              writer: writer?.description ?? "", timestamp: state.maxTimestamp.description,
+                                              deleted: state.fields.isEmpty && state.presence.values.contains { !$0.isLive })
+                      }
+                  })
+        }
+        if json { return try printJSON(entries) }
+        let format = ISO8601DateFormatter()
+        for e in entries {
+            print("\(e.sequence)  \(format.string(from: e.committedAt))  \(e.origin.padding(toLength: 13, withPad: " ", startingAt: 0))  \(e.summary)")
+        }
+    }
+}
+
+struct Conflicts: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Concurrent overwrites: which value won a field and which lost.")
+    @OptionGroup var options: StoreOptions
+    @Flag(help: "Print JSON (docs/CLI.md).") var json = false
+
+    struct Entry: Codable {
+        struct Value: Codable {
+            var value: JSONValue
+            var writer: String
+            var timestamp: String
+        }
+        var record: String
+        var field: String
+        var winner: Value
+        var loser: Value
+    }
+
+    func run() async throws {
+        let entries = try options.openStore().conflicts().map { c in
+            Entry(record: c.key.description, field: c.field,
+                  winner: .init(value: JSONValue(c.winner.value), writer: c.winner.dot.replica.description, timestamp: c.winner.timestamp.description),
+                  loser: .init(value: JSONValue(c.loser.value), writer: c.loser.dot.replica.description, timestamp: c.loser.timestamp.description))
+        }
+        if json { return try printJSON(entries) }
+        if entries.isEmpty { print("no conflicts") }
+        for e in entries {
+            print("\(e.record) \(e.field): kept \(SettingsCommand.render(e.winner.value.fieldValue)) (\(e.winner.writer.prefix(8))), lost \(SettingsCommand.render(e.loser.value.fieldValue)) (\(e.loser.writer.prefix(8)))")
+        }
+    }
+}
+
+struct Watch: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Print changes as they are committed (by peers through a running node, or other commands).")
+    @OptionGroup var options: StoreOptions
+    @Flag(help: "One JSON object per line (docs/CLI.md).") var json = false
+
+    struct Line: Codable {
+        var sequence: Int64
+        var origin: String
+        var records: [String]
+    }
+
+    func run() async throws {
+        let store = try options.openStore()
+        if !json { FileHandle.standardOutput.write(Data("watching \(options.directory) (Ctrl-C to stop)\n".utf8)) }
+        for try await change in store.externalChanges() {
+            let records = change.delta?.allRecords.map(\.0.description).sorted() ?? []
+            // Written straight to the file descriptor: a pipe reader sees each change at once.
+            if json {
+                let encoder = JSONEncoder()
+                encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+                let data = try encoder.encode(Line(sequence: change.sequence, origin: change.origin, records: records))
+                FileHandle.standardOutput.write(data + Data("\n".utf8))
+            } else {
+                FileHandle.standardOutput.write(Data("\(change.origin): \(records.isEmpty ? "many changes (reloaded)" : records.joined(separator: ", "))\n".utf8))
+            }
+        }
+    }
+}
+
+struct Export: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Write the visible data as JSON (to stdout, or --output FILE).")
+    @OptionGroup var options: StoreOptions
+    @Option(help: "File to write.") var output: String?
+
+    func run() async throws {
+        let data = try DataExchange.exportData(try options.openStore().state)
+        if let output {
+            guard FileManager.default.createFile(atPath: output, contents: data + Data("\n".utf8)) else { throw CLIError("cannot write \(output)") }
+        } else {
+            print(String(decoding: data, as: UTF8.self))
+        }
+    }
+}
+
+struct Import: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Import JSON: a `peersync export`, or ShiftScheduler shiftTypes.json / locations.json. IDs are kept; importing twice changes nothing.")
+    @OptionGroup var options: StoreOptions
+    @Argument(help: "The JSON file.") var file: String
+
+    func run() async throws {
+        let store = try options.openStore()
+        guard let data = FileManager.default.contents(atPath: file) else { throw CLIError("cannot read \(file)") }
+        var summary = DataExchange.ImportSummary()
+        do {
+            try store.write { state in
+                let (delta, s) = try DataExchange.importData(data, into: &state)
+                summary = s
+                return delta
+            }
+        } catch let error as DataExchange.ImportError {
+            throw CLIError("\(file): \(error)")
+        }
+        print("imported \(file): \(summary)")
+    }
+}

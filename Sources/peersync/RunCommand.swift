@@ -1,0 +1,108 @@
+import ArgumentParser
+import Foundation
+import Logging
+import PeerSync
+import ServiceLifecycle
+
+struct Run: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Sync in the foreground until SIGINT or SIGTERM, logging to stderr.",
+        discussion: """
+            Listens for peers, dials every --peer (again and again, with backoff, while it is \
+            down), and ships changes other `peersync` commands make to the same store within \
+            milliseconds.
+            """)
+
+    @OptionGroup var options: StoreOptions
+    @Option(help: "Address to listen on.") var listen: String = "0.0.0.0:7946"
+    @Option(name: .customLong("peer"), help: "A peer to dial, HOST:PORT (repeatable).") var peers: [String] = []
+    @Flag(help: "Plain TCP without the group secret, for debugging only. Anyone on the network can read and change the data.")
+    var insecure = false
+    @Option(help: "Refuse peers whose clock differs by more than this many seconds.") var maxClockSkew: Int = 300
+    @Option(help: "trace, debug, info, notice, warning, error or critical.") var logLevel: String = "info"
+
+    func run() async throws {
+        guard let level = Logger.Level(rawValue: logLevel) else { throw CLIError("unknown log level \"\(logLevel)\"") }
+        let listenAddress = try parseHostPort(listen)
+        let peerAddresses = try peers.map(parseHostPort)
+        let store = try options.openStore()
+        let security: SessionSecurity = insecure ? .insecure : .groupSecret(try options.readSecret())
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        let logger = Logger(label: "peersync")
+        let replica = Replica(store: store, directory: options.directory, logger: logger)
+        let service = NodeService(
+            replica: replica, statusFile: (options.directory as NSString).appendingPathComponent("node.json"),
+            configuration: SyncConfiguration(security: security, listenHost: listenAddress.host, listenPort: listenAddress.port,
+                                             peers: peerAddresses, maxClockSkew: .seconds(maxClockSkew)),
+            insecure: insecure, logger: logger)
+        let group = ServiceGroup(services: [service], gracefulShutdownSignals: [.sigterm, .sigint], cancellationSignals: [], logger: logger)
+        try await group.run()
+    }
+}
+
+/// What `peersync run` writes to DIR/node.json every second, for `peersync status`.
+struct NodeStatusFile: Codable {
+    struct Peer: Codable {
+        var replicaID: String
+        var name: String
+        var address: String
+        var dialed: Bool
+        var lastConvergedAt: Date?
+        var bytesSent: Int
+        var bytesReceived: Int
+    }
+    var pid: Int32
+    var listen: String
+    var insecure: Bool
+    var startedAt: Date
+    var updatedAt: Date
+    var peers: [Peer]
+}
+
+struct NodeService: Service {
+    let replica: Replica
+    let statusFile: String
+    let configuration: SyncConfiguration
+    let insecure: Bool
+    let logger: Logger
+
+    func run() async throws {
+        let port = try await replica.startSync(configuration)
+        logger.info("peersync node running", metadata: [
+            "replica.id": "\(replica.replicaID.shortDescription)", "listen.port": "\(port)",
+            "peers.static": "\(configuration.peers.count)",
+        ])
+        let started = Date()
+        await cancelWhenGracefulShutdown {
+            while !Task.isCancelled {
+                await writeStatus(port: port, started: started)
+                try? await Task.sleep(for: .milliseconds(500))
+            }
+        }
+        logger.info("stopping")
+        await replica.stopSync()
+        try? FileManager.default.removeItem(atPath: statusFile)
+    }
+
+    func writeStatus(port: Int, started: Date) async {
+        let peers = await replica.peers().map { p in
+            NodeStatusFile.Peer(
+                replicaID: p.info.replicaID.description, name: p.info.name, address: p.info.address, dialed: p.info.dialed,
+                lastConvergedAt: p.lastConvergedAt.map { Date(timeIntervalSince1970: Double($0) / 1000) },
+                bytesSent: p.bytesSent, bytesReceived: p.bytesReceived)
+        }
+        let status = NodeStatusFile(pid: getpid(), listen: "\(configuration.listenHost):\(port)", insecure: insecure,
+                                    startedAt: started, updatedAt: Date(), peers: peers)
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        guard let data = try? encoder.encode(status) else { return }
+        let temporary = statusFile + ".tmp"
+        if FileManager.default.createFile(atPath: temporary, contents: data) {
+            _ = rename(temporary, statusFile)
+        }
+    }
+}

@@ -1,0 +1,140 @@
+// peersync-discovery-probe: runs PeerDiscovery and prints one JSON line per event on stdout.
+//
+//   peersync-discovery-probe --name N --port P --replica HEX --group TAG [--version V] [--no-advertise]
+//                            [--service-type T]
+//
+// Lines (keys sorted; "t" is CLOCK_MONOTONIC in nanoseconds, comparable across processes):
+//   {"event":"start","t":…}
+//   {"event":"registered","name":"peer-h1","t":…}
+//   {"event":"found","group":"…","host":"10.77.0.12","name":"peer-h2","port":7002,"replica":"…","t":…,"version":1}
+//   {"event":"lost","name":"peer-h2","t":…}
+//   {"event":"unavailable","code":-65537,"error":"kDNSServiceErr_Unknown (-65537): …","t":…}
+//   {"event":"recovered","t":…}
+//   {"event":"stopped","t":…}
+// SIGTERM or SIGINT stops discovery (withdrawing the advertisement) and exits 0.
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+import Dispatch
+import Foundation
+import PeerSyncCRDT
+import PeerSyncDiscovery
+
+struct Line: Encodable {
+    var event: String
+    var t: UInt64 = monotonicNanoseconds()
+    var name: String?
+    var replica: String?
+    var group: String?
+    var version: Int?
+    var host: String?
+    var port: UInt16?
+    var code: Int32?
+    var error: String?
+}
+
+func monotonicNanoseconds() -> UInt64 {
+    var now = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
+}
+
+func emit(_ line: Line) {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+    guard var data = try? encoder.encode(line) else { return }
+    data.append(UInt8(ascii: "\n"))
+    FileHandle.standardOutput.write(data)  // unbuffered: one write(2) per line
+}
+
+func fail(_ message: String) -> Never {
+    FileHandle.standardError.write(Data("peersync-discovery-probe: \(message)\n".utf8))
+    exit(2)
+}
+
+struct Options {
+    var name: String?
+    var port: UInt16 = 7000
+    var replica = ReplicaID.random()
+    var group = "test-group"
+    var version = 1
+    var advertise = true
+    var serviceType = "_peersync._tcp"
+}
+
+func parseOptions(_ arguments: [String]) -> Options {
+    var options = Options()
+    var rest = arguments[...]
+    func value(_ option: String) -> String {
+        guard let value = rest.popFirst() else { fail("\(option) needs a value") }
+        return value
+    }
+    while let argument = rest.popFirst() {
+        switch argument {
+        case "--name":
+            options.name = value(argument)
+        case "--port":
+            guard let port = UInt16(value(argument)) else { fail("--port needs a number 0...65535") }
+            options.port = port
+        case "--replica":
+            guard let replica = ReplicaID(hex: value(argument)) else { fail("--replica needs 32 hexadecimal digits") }
+            options.replica = replica
+        case "--group":
+            options.group = value(argument)
+        case "--version":
+            guard let version = Int(value(argument)) else { fail("--version needs a number") }
+            options.version = version
+        case "--service-type":
+            options.serviceType = value(argument)
+        case "--no-advertise":
+            options.advertise = false
+        default:
+            fail("unknown argument \(argument)")
+        }
+    }
+    return options
+}
+
+let options = parseOptions(Array(CommandLine.arguments.dropFirst()))
+let advertisement = options.advertise
+    ? PeerAdvertisement(
+        serviceName: options.name ?? "peersync-\(options.replica.shortDescription)", port: options.port,
+        replicaID: options.replica, groupTag: options.group, protocolVersion: options.version)
+    : nil
+let discovery = PeerDiscovery(serviceType: options.serviceType)
+
+/// SIGTERM/SIGINT stop discovery; the event loop below then ends and the process exits 0.
+/// (A plain function, so the handler is not main-actor isolated: it runs on a dispatch queue.)
+func installStopHandlers(stopping discovery: PeerDiscovery) -> [any DispatchSourceSignal] {
+    [SIGTERM, SIGINT].map { signalNumber in
+        signal(signalNumber, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
+        source.setEventHandler { discovery.stop() }
+        source.resume()
+        return source
+    }
+}
+
+let signalSources = installStopHandlers(stopping: discovery)
+emit(Line(event: "start"))
+for await event in discovery.start(advertising: advertisement) {
+    switch event {
+    case .registered(let registered):
+        emit(Line(event: "registered", name: registered))
+    case .found(let peer):
+        emit(Line(
+            event: "found", name: peer.serviceName, replica: peer.replicaID?.description, group: peer.groupTag,
+            version: peer.protocolVersion, host: peer.host, port: peer.port))
+    case .lost(let serviceName):
+        emit(Line(event: "lost", name: serviceName))
+    case .unavailable(let error):
+        emit(Line(event: "unavailable", code: error.code, error: error.description))
+    case .recovered:
+        emit(Line(event: "recovered"))
+    }
+}
+emit(Line(event: "stopped"))
+withExtendedLifetime(signalSources) {}
+exit(0)
