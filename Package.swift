@@ -52,7 +52,11 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
-        .target(name: "PeerSync", dependencies: ["PeerSyncCRDT", "PeerSyncModel", "PeerSyncStore", "PeerSyncWire", "PeerSyncSession"]),
+        .target(
+            name: "PeerSync",
+            dependencies: ["PeerSyncCRDT", "PeerSyncModel", "PeerSyncStore", "PeerSyncWire", "PeerSyncSession", "PeerSyncDiscovery",
+                           .product(name: "Logging", package: "swift-log")]
+        ),
         .executableTarget(
             name: "peersync",
             dependencies: [

@@ -2,6 +2,7 @@
 @_exported import PeerSyncModel
 @_exported import PeerSyncStore
 @_exported import PeerSyncSession
+@_exported import PeerSyncDiscovery
 
 /// The PeerSync toolkit: replicate app data between devices on a LAN, with no server.
 public enum PeerSync {

@@ -1,9 +1,11 @@
 import Foundation
 import Logging
 import PeerSyncCRDT
+import PeerSyncDiscovery
 import PeerSyncModel
 import PeerSyncSession
 import PeerSyncStore
+import PeerSyncWire
 import Synchronization
 
 /// A change to a replica's records, wherever it came from.
@@ -46,14 +48,23 @@ public struct SyncConfiguration: Sendable {
     /// Static peers (`host`, `port`), for networks without multicast.
     public var peers: [(host: String, port: Int)]
     public var maxClockSkew: Duration
+    /// Advertise and find peers of the group on the LAN with DNS-SD (avahi on Linux).
+    public var discovery: Bool
 
     public init(security: SessionSecurity, listenHost: String = "0.0.0.0", listenPort: Int = 0,
-                peers: [(host: String, port: Int)] = [], maxClockSkew: Duration = .seconds(300)) {
+                peers: [(host: String, port: Int)] = [], maxClockSkew: Duration = .seconds(300), discovery: Bool = false) {
         self.security = security
         self.listenHost = listenHost
         self.listenPort = listenPort
         self.peers = peers
         self.maxClockSkew = maxClockSkew
+        self.discovery = discovery
+    }
+
+    /// The opaque DNS-SD tag of this configuration's group.
+    var groupTag: String {
+        if case .groupSecret(let secret) = security { return secret.groupTag }
+        return "insecure"
     }
 }
 
@@ -71,6 +82,8 @@ public actor Replica {
     public nonisolated let directory: String
     nonisolated let logger: Logger
     private var node: SyncNode?
+    private var discovery: PeerDiscovery?
+    private var dialedDiscovered: [ReplicaID: String] = [:]
     private var tasks: [Task<Void, Never>] = []
     private var status = SyncStatus.disabled
     private var peerNames: [ReplicaID: String] = [:]
@@ -191,7 +204,44 @@ public actor Replica {
         let port = try await node.start()
         for peer in configuration.peers { await node.addPeer(host: peer.host, port: peer.port) }
         tasks.append(Task { await self.watchOtherProcesses() })
+        if configuration.discovery {
+            let discovery = PeerDiscovery()
+            self.discovery = discovery
+            let advertisement = PeerAdvertisement(
+                serviceName: "\(store.state.name) \(replicaID.shortDescription)", port: UInt16(port), replicaID: replicaID,
+                groupTag: configuration.groupTag, protocolVersion: Int(WireLimits.protocolVersion))
+            let events = discovery.start(advertising: advertisement)
+            tasks.append(Task { await self.follow(events, groupTag: configuration.groupTag) })
+        }
         return port
+    }
+
+    /// Dials discovered peers of this group and protocol version — only those with a higher
+    /// replica ID, so exactly one side of each pair dials — and ignores everything else.
+    private func follow(_ events: AsyncStream<DiscoveryEvent>, groupTag: String) async {
+        for await event in events {
+            switch event {
+            case .registered(let name):
+                logger.info("advertised on the LAN", metadata: ["dnssd.name": "\(name)"])
+            case .found(let peer):
+                guard let id = peer.replicaID, peer.groupTag == groupTag,
+                      peer.protocolVersion == Int(WireLimits.protocolVersion) else {
+                    logger.debug("ignoring a discovered node of another group or version", metadata: ["dnssd.name": "\(peer.serviceName)"])
+                    continue
+                }
+                let address = "\(peer.host):\(peer.port)"
+                guard id > replicaID, dialedDiscovered[id] != address else { continue }
+                dialedDiscovered[id] = address
+                logger.info("discovered a peer", metadata: ["peer.id": "\(id.shortDescription)", "peer.address": "\(address)"])
+                await node?.addPeer(host: peer.host, port: Int(peer.port))
+            case .lost:
+                break  // liveness comes from the TCP session, not from DNS-SD
+            case .unavailable(let error):
+                logger.warning("discovery unavailable: \(error); static peers (--peer) still work")
+            case .recovered:
+                logger.info("discovery available again")
+            }
+        }
     }
 
     /// Adds a peer to dial while sync runs (e.g. one found by discovery).
@@ -208,6 +258,9 @@ public actor Replica {
     public func stopSync() async {
         let node = self.node
         self.node = nil
+        discovery?.stop()
+        discovery = nil
+        dialedDiscovered = [:]
         for task in tasks { task.cancel() }
         tasks = []
         await node?.stop()

@@ -45,6 +45,40 @@ struct Doctor: AsyncParsableCommand {
                 report(false, "cannot listen on \(listen): \(error) (another program on that port? choose --listen)")
             }
         }
+        do {
+            // Browse for two seconds: is an avahi daemon reachable, and who is out there?
+            let discovery = PeerDiscovery()
+            let events = discovery.start(advertising: nil)
+            let ownTag = (try? options.readSecret().groupTag) ?? "insecure"
+            let ownID = store?.replicaID
+            var found: [DiscoveredPeer] = []
+            var unavailable: String?
+            let collector = Task {
+                for await event in events {
+                    switch event {
+                    case .found(let peer): found.append(peer)
+                    case .unavailable(let error): unavailable = "\(error)"
+                    default: break
+                    }
+                }
+                return (found, unavailable)
+            }
+            try? await Task.sleep(for: .seconds(2))
+            discovery.stop()
+            let (peersFound, problem) = await collector.value
+            if let problem {
+                report(false, "discovery: \(problem) — peers can still be given with --peer")
+            } else {
+                report(true, "discovery: avahi daemon reachable, \(peersFound.count) PeerSync node(s) visible")
+                for peer in peersFound where peer.replicaID != ownID {
+                    let verdict: String
+                    if peer.groupTag != ownTag { verdict = "another sync group: never connected" }
+                    else if peer.protocolVersion != 1 { verdict = "protocol version \(peer.protocolVersion.map(String.init) ?? "?"): cannot sync with this build" }
+                    else { verdict = "same group: `peersync run` connects to it" }
+                    print("      \(peer.serviceName) at \(peer.host):\(peer.port) — \(verdict)")
+                }
+            }
+        }
         for text in peers {
             let peer = try parseHostPort(text)
             let result = await SessionProbe.probe(host: peer.host, port: peer.port, security: security)

@@ -16,6 +16,7 @@ struct Run: AsyncParsableCommand {
     @OptionGroup var options: StoreOptions
     @Option(help: "Address to listen on.") var listen: String = "0.0.0.0:7946"
     @Option(name: .customLong("peer"), help: "A peer to dial, HOST:PORT (repeatable).") var peers: [String] = []
+    @Flag(help: "Do not advertise or look for peers on the LAN (DNS-SD); use only --peer.") var noDiscovery = false
     @Flag(help: "Plain TCP without the group secret, for debugging only. Anyone on the network can read and change the data.")
     var insecure = false
     @Option(help: "Refuse peers whose clock differs by more than this many seconds.") var maxClockSkew: Int = 300
@@ -37,7 +38,8 @@ struct Run: AsyncParsableCommand {
         let service = NodeService(
             replica: replica, statusFile: (options.directory as NSString).appendingPathComponent("node.json"),
             configuration: SyncConfiguration(security: security, listenHost: listenAddress.host, listenPort: listenAddress.port,
-                                             peers: peerAddresses, maxClockSkew: .seconds(maxClockSkew)),
+                                             peers: peerAddresses, maxClockSkew: .seconds(maxClockSkew),
+                                             discovery: !noDiscovery),
             insecure: insecure, logger: logger)
         let group = ServiceGroup(services: [service], gracefulShutdownSignals: [.sigterm, .sigint], cancellationSignals: [], logger: logger)
         try await group.run()
@@ -74,7 +76,7 @@ struct NodeService: Service {
         let port = try await replica.startSync(configuration)
         logger.info("peersync node running", metadata: [
             "replica.id": "\(replica.replicaID.shortDescription)", "listen.port": "\(port)",
-            "peers.static": "\(configuration.peers.count)",
+            "peers.static": "\(configuration.peers.count)", "discovery": "\(configuration.discovery)",
         ])
         let started = Date()
         await cancelWhenGracefulShutdown {

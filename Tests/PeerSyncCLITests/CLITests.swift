@@ -82,6 +82,33 @@ struct CLITests {
         #expect(try cli(in: store, ["location", "show", location, "--json"]).stdout.contains("Ward 3"))
     }
 
+    @Test("no avahi daemon reachable: the node says so in one line and syncs through --peer")
+    func noDaemon() async throws {
+        let stores = try (0..<2).map { _ in try makeTemporaryDirectory("peersync-nodaemon") }
+        defer { stores.forEach(removeTemporaryDirectory) }
+        try #require(try cli(in: stores[0], ["init", "--name", "a"]).status == 0)
+        let code = try cli(in: stores[0], ["invite"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        try #require(try cli(in: stores[1], ["init", "--name", "b", "--join", code]).status == 0)
+        // D-Bus pointed at a socket that does not exist: no daemon can be reached, real or not.
+        var environment = ProcessInfo.processInfo.environment
+        environment["DBUS_SYSTEM_BUS_ADDRESS"] = "unix:path=/nonexistent/peersync-test-bus"
+        let a = try ChildProcess(peersync, ["run", "--store", stores[0], "--listen", "127.0.0.1:0", "--log-level", "warning"],
+                                 environment: environment, captureStandardError: true)
+        var address: String?
+        _ = await eventually { address = try? status(stores[0]).node?.listen; return address != nil }
+        let b = try ChildProcess(peersync, ["run", "--store", stores[1], "--listen", "127.0.0.1:0", "--log-level", "warning",
+                                            "--peer", try #require(address)], environment: environment)
+        defer { a.kill(SIGTERM); b.kill(SIGTERM) }
+        try cli(in: stores[1], ["location", "add", "--name", "via the static peer"])
+        #expect(await eventually { (try? status(stores[0]).records["locations"]) == 1 })
+        a.kill(SIGTERM)
+        let lines = a.standardErrorLines()
+        let discoveryLines = lines.filter { $0.contains("discovery unavailable") }
+        #expect(discoveryLines.count == 1, "\(lines)")
+        #expect(discoveryLines.first?.contains("no avahi daemon reachable") == true)
+        #expect(discoveryLines.first?.contains("--peer") == true)
+    }
+
     @Test("three `peersync run` nodes converge; one is killed with SIGKILL, edits go on, it restarts and catches up")
     func threeNodes() async throws {
         let stores = try (0..<3).map { _ in try makeTemporaryDirectory("peersync-e2e") }
@@ -96,8 +123,10 @@ struct CLITests {
             try #require(try cli(in: store, ["init", "--name", "n\(i)", "--join", code]).status == 0)
         }
         func startNode(_ i: Int, peers: [String]) throws -> ChildProcess {
-            try ChildProcess(peersync, ["run", "--store", stores[i], "--listen", "127.0.0.1:0", "--log-level", "warning"]
-                                + peers.flatMap { ["--peer", $0] })
+            // --no-discovery: these nodes live in the machine's own network namespace, where they
+            // must never reach (or make advertise) a real avahi daemon.
+            try ChildProcess(peersync, ["run", "--store", stores[i], "--listen", "127.0.0.1:0", "--log-level", "warning",
+                                        "--no-discovery"] + peers.flatMap { ["--peer", $0] })
         }
         func listenAddress(_ i: Int) async throws -> String {
             var address: String?

@@ -11,17 +11,29 @@ import Darwin
 public final class ChildProcess: @unchecked Sendable {
     public let process = Process()
     private let stdout = Pipe()
+    private let stderr: Pipe?
     private var buffer = Data()
     private var eof = false
 
     /// Starts `executable` (a path) with `arguments`.
-    public init(_ executable: String, _ arguments: [String], environment: [String: String]? = nil) throws {
+    /// With `captureStandardError`, the child's stderr is kept for ``standardErrorLines()``
+    /// (read it after the child exited); otherwise it goes to the test's stderr.
+    public init(_ executable: String, _ arguments: [String], environment: [String: String]? = nil,
+                captureStandardError: Bool = false) throws {
         process.executableURL = URL(fileURLWithPath: executable)
         process.arguments = arguments
         if let environment { process.environment = environment }
         process.standardOutput = stdout
-        process.standardError = FileHandle.standardError
+        stderr = captureStandardError ? Pipe() : nil
+        process.standardError = stderr ?? FileHandle.standardError
         try process.run()
+    }
+
+    /// The child's standard error, as lines (only with `captureStandardError`, after it exited).
+    public func standardErrorLines() -> [String] {
+        guard let stderr, !process.isRunning else { return [] }
+        let data = stderr.fileHandleForReading.readDataToEndOfFile()
+        return String(decoding: data, as: UTF8.self).split(separator: "\n").map(String.init)
     }
 
     deinit {
