@@ -34,6 +34,12 @@ if [ "$status" -ne 0 ]; then
   exit "$status"
 fi
 
+echo "== examples"
+for example in example-shift-scheduler example-settings example-app-streams; do
+  echo "-- $example"
+  timeout 120 swift run --skip-build "$example"
+done
+
 echo "== benchmark smoke (quick mode; numbers are meaningless here, see docs/BENCHMARKS.md)"
 swift run --skip-build PeerSyncBenchmarks --quick
 

@@ -72,7 +72,7 @@ struct Demo: AsyncParsableCommand {
             try await Task.sleep(for: .milliseconds(50))
         }
         let final = nodes[replicas - 1].state
-        print("\nconverged: every replica holds \(try final.fetchAll(ShiftType.self).count) shift types; weekStart = \(final.setting(SettingKey.weekStart, scope: .synced).map { "\($0)" } ?? "?") everywhere (last writer wins)")
+        print("\nconverged: every replica holds \(try final.fetchAll(ShiftType.self).count) shift types; weekStart = \(final.setting(SettingKey.weekStart, scope: .synced).map(SettingsCommand.render) ?? "?") everywhere (last writer wins)")
         print("conflicts logged on \(final.name): \(final.conflicts.entries.count) (see `peersync conflicts` on a real store)")
         for replica in nodes { await replica.stopSync() }
     }

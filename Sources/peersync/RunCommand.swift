@@ -79,6 +79,8 @@ struct NodeService: Service {
             "peers.static": "\(configuration.peers.count)", "discovery": "\(configuration.discovery)",
         ])
         let started = Date()
+        let progress = Task { await showProgress() }
+        defer { progress.cancel() }
         await cancelWhenGracefulShutdown {
             while !Task.isCancelled {
                 await writeStatus(port: port, started: started)
@@ -88,6 +90,22 @@ struct NodeService: Service {
         logger.info("stopping")
         await replica.stopSync()
         try? FileManager.default.removeItem(atPath: statusFile)
+    }
+
+    /// On a terminal, long catch-ups show a progress line on stderr.
+    func showProgress() async {
+        guard isatty(STDERR_FILENO) == 1 else { return }
+        var showing = false
+        for await status in replica.statusUpdates() {
+            switch status {
+            case .syncing(let progress?) where progress < 1:
+                FileHandle.standardError.write(Data(String(format: "\rcatching up: %3.0f%%", progress * 100).utf8))
+                showing = true
+            default:
+                if showing { FileHandle.standardError.write(Data("\rcatching up: done\n".utf8)) }
+                showing = false
+            }
+        }
     }
 
     func writeStatus(port: Int, started: Date) async {
