@@ -193,7 +193,7 @@ start_avahi() {  # start_avahi INDEX
   local i=$1 ns="${P}-h$1" hd="$D/h$1"
   assert_isolated "$ns"
   assert_safe_avahi_conf "$hd/avahi-daemon.conf"
-  start_daemon avahi "$hd" "$ns" "h$i" avahi-daemon -f "$hd/avahi-daemon.conf" --no-drop-root --no-chroot --no-rlimits
+  start_daemon avahi "$hd" "$ns" "h$i" avahi-daemon -f "$hd/avahi-daemon.conf" --no-drop-root --no-chroot --no-rlimits  # inside host netns only, after assert_isolated
 }
 
 wait_avahi_up() {  # wait_avahi_up INDEX

@@ -26,22 +26,28 @@ public enum BinaryDecodingError: Error, Equatable, CustomStringConvertible {
     }
 }
 
+/// Assigns table indices to replica IDs in order of first use.
+struct ReplicaTableBuilder {
+    private(set) var ids: [ReplicaID] = []
+    private var index: [ReplicaID: UInt64] = [:]
+
+    mutating func index(of id: ReplicaID) -> UInt64 {
+        if let i = index[id] { return i }
+        let i = UInt64(ids.count)
+        ids.append(id)
+        index[id] = i
+        return i
+    }
+}
+
 struct BlobWriter {
     var body: [UInt8] = []
-    private var table: [ReplicaID] = []
-    private var index: [ReplicaID: UInt64] = [:]
+    var table = ReplicaTableBuilder()
 
     init() { body.reserveCapacity(128) }
 
     mutating func replica(_ id: ReplicaID) {
-        if let i = index[id] {
-            Varint.append(i, to: &body)
-        } else {
-            let i = UInt64(table.count)
-            table.append(id)
-            index[id] = i
-            Varint.append(i, to: &body)
-        }
+        Varint.append(table.index(of: id), to: &body)
     }
 
     mutating func varint(_ v: UInt64) { Varint.append(v, to: &body) }
@@ -57,12 +63,9 @@ struct BlobWriter {
 
     func finish(prefix: [UInt8] = []) -> [UInt8] {
         var out = prefix
-        out.reserveCapacity(prefix.count + 1 + table.count * 16 + body.count)
-        Varint.append(UInt64(table.count), to: &out)
-        for id in table {
-            for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: id.high >> UInt64(shift))) }
-            for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: id.low >> UInt64(shift))) }
-        }
+        out.reserveCapacity(prefix.count + 1 + table.ids.count * 16 + body.count)
+        Varint.append(UInt64(table.ids.count), to: &out)
+        for id in table.ids { id.appendBigEndianBytes(to: &out) }
         out.append(contentsOf: body)
         return out
     }
@@ -80,15 +83,7 @@ struct BlobReader {
         }
         var table: [ReplicaID] = []
         table.reserveCapacity(Int(count))
-        for _ in 0..<count {
-            let raw = reader.readBytes(16)!
-            var high: UInt64 = 0
-            var low: UInt64 = 0
-            for (i, byte) in raw.enumerated() {
-                if i < 8 { high = high << 8 | UInt64(byte) } else { low = low << 8 | UInt64(byte) }
-            }
-            table.append(ReplicaID(high: high, low: low))
-        }
+        for _ in 0..<count { table.append(ReplicaID(bigEndianBytes: reader.readBytes(16)!)!) }
         guard Set(table).count == table.count else { throw .invalid("replica table (duplicate ID)") }
         self.table = table
     }
@@ -239,36 +234,63 @@ extension CausalContext {
     /// Cloud counters are ascending, each written as its distance from the previous one (the
     /// first from `contiguous`), so every gap is ≥ 1.
     func encode(into w: inout BlobWriter) {
+        var table = w.table
+        encode(into: &w.body) { replica, out in Varint.append(table.index(of: replica), to: &out) }
+        w.table = table
+    }
+
+    /// Appends the entries in the layout above, writing each replica with `writeReplica` (a
+    /// blob's table index, or a session dictionary reference on the wire).
+    public func encode(into out: inout [UInt8], writeReplica: (ReplicaID, inout [UInt8]) -> Void) {
         let replicas = replicas.sorted()
-        w.varint(UInt64(replicas.count))
+        Varint.append(UInt64(replicas.count), to: &out)
         for replica in replicas {
             let contiguous = versionVector[replica] ?? 0
-            w.replica(replica)
-            w.varint(contiguous)
+            writeReplica(replica, &out)
+            Varint.append(contiguous, to: &out)
             let cloud = (dotCloud[replica] ?? []).sorted()
-            w.varint(UInt64(cloud.count))
+            Varint.append(UInt64(cloud.count), to: &out)
             var previous = contiguous
             for counter in cloud {
-                w.varint(counter - previous)
+                Varint.append(counter - previous, to: &out)
                 previous = counter
             }
         }
     }
 
     static func decode(from r: inout BlobReader) throws(BinaryDecodingError) -> CausalContext {
+        let table = r.table
+        do {
+            return try decode(from: &r.reader) { reader throws(BinaryDecodingError) in
+                guard let index = reader.readVarint() else { throw .truncated("context replica") }
+                guard index < UInt64(table.count) else { throw .invalid("context replica (index \(index) of \(table.count))") }
+                return table[Int(index)]
+            }
+        } catch let error as BinaryDecodingError {
+            throw error
+        } catch {
+            throw .invalid("context: \(error)")
+        }
+    }
+
+    /// Reads the entries of ``encode(into:writeReplica:)``, reading each replica with
+    /// `readReplica`. Every count is checked against the bytes left.
+    public static func decode(from reader: inout ByteReader, readReplica: (inout ByteReader) throws -> ReplicaID) throws -> CausalContext {
         var context = CausalContext()
-        let count = try r.count("context size")
+        guard let count = reader.readVarint(), count <= UInt64(reader.remaining) else { throw BinaryDecodingError.truncated("context size") }
         var seen = Set<ReplicaID>()
         for _ in 0..<count {
-            let replica = try r.replica("context replica")
-            guard seen.insert(replica).inserted else { throw .invalid("context (replica twice)") }
-            var previous = try r.varint("context counter")
+            let replica = try readReplica(&reader)
+            guard seen.insert(replica).inserted else { throw BinaryDecodingError.invalid("context (replica twice)") }
+            guard var previous = reader.readVarint() else { throw BinaryDecodingError.truncated("context counter") }
             if previous > 0 { context.merge(CausalContext(versionVector: [replica: previous])) }
-            let cloudCount = try r.count("context cloud size")
+            guard let cloudCount = reader.readVarint(), cloudCount <= UInt64(reader.remaining) else {
+                throw BinaryDecodingError.truncated("context cloud size")
+            }
             for _ in 0..<cloudCount {
-                let gap = try r.varint("context cloud gap")
+                guard let gap = reader.readVarint() else { throw BinaryDecodingError.truncated("context cloud gap") }
                 let (next, overflow) = previous.addingReportingOverflow(gap)
-                guard gap >= 1, !overflow else { throw .invalid("context cloud gap") }
+                guard gap >= 1, !overflow else { throw BinaryDecodingError.invalid("context cloud gap") }
                 context.insert(Dot(replica: replica, counter: next))
                 previous = next
             }

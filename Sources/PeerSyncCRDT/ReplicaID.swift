@@ -34,6 +34,31 @@ public struct ReplicaID: Hashable, Comparable, Sendable, CustomStringConvertible
         self.init(high: high, low: low)
     }
 
+    /// The 16-byte form used on disk and on the wire: `high`, then `low`, each big-endian.
+    public var bigEndianBytes: [UInt8] {
+        var out: [UInt8] = []
+        out.reserveCapacity(16)
+        appendBigEndianBytes(to: &out)
+        return out
+    }
+
+    /// Appends ``bigEndianBytes`` to `out`.
+    public func appendBigEndianBytes(to out: inout [UInt8]) {
+        for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: high >> UInt64(shift))) }
+        for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: low >> UInt64(shift))) }
+    }
+
+    /// Reads the 16-byte form; nil unless `bytes` holds exactly 16 bytes.
+    public init?<C: Collection<UInt8>>(bigEndianBytes bytes: C) {
+        guard bytes.count == 16 else { return nil }
+        var high: UInt64 = 0
+        var low: UInt64 = 0
+        for (i, byte) in bytes.enumerated() {
+            if i < 8 { high = high << 8 | UInt64(byte) } else { low = low << 8 | UInt64(byte) }
+        }
+        self.init(high: high, low: low)
+    }
+
     /// 32 lowercase hexadecimal digits.
     public var description: String {
         hex16(high) + hex16(low)

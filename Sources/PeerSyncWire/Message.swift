@@ -179,19 +179,11 @@ public enum Message: Sendable, Equatable {
     }
 }
 
-func replicaBytes(_ id: ReplicaID) -> [UInt8] {
-    var out: [UInt8] = []
-    for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: id.high >> UInt64(shift))) }
-    for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: id.low >> UInt64(shift))) }
-    return out
-}
+func replicaBytes(_ id: ReplicaID) -> [UInt8] { id.bigEndianBytes }
 
 func replica(_ bytes: [UInt8], _ message: String) throws(WireError) -> ReplicaID {
-    guard bytes.count == 16 else { throw .malformed(message: message, detail: "an ID must be 16 bytes, got \(bytes.count)") }
-    var high: UInt64 = 0
-    var low: UInt64 = 0
-    for (i, byte) in bytes.enumerated() {
-        if i < 8 { high = high << 8 | UInt64(byte) } else { low = low << 8 | UInt64(byte) }
+    guard let id = ReplicaID(bigEndianBytes: bytes) else {
+        throw .malformed(message: message, detail: "an ID must be 16 bytes, got \(bytes.count)")
     }
-    return ReplicaID(high: high, low: low)
+    return id
 }

@@ -253,39 +253,17 @@ public enum WireDelta {
     }
 
     static func writeContext(_ context: CausalContext, with dictionary: WireDictionary, to out: inout [UInt8]) {
-        let replicas = context.replicas.sorted()
-        Varint.append(UInt64(replicas.count), to: &out)
-        for replica in replicas {
-            dictionary.writeReplica(replica, to: &out)
-            let contiguous = context.contiguousCounter(of: replica)
-            Varint.append(contiguous, to: &out)
-            let cloud = (context.dotCloud[replica] ?? []).sorted()
-            Varint.append(UInt64(cloud.count), to: &out)
-            var previous = contiguous
-            for counter in cloud {
-                Varint.append(counter - previous, to: &out)
-                previous = counter
-            }
-        }
+        context.encode(into: &out) { replica, out in dictionary.writeReplica(replica, to: &out) }
     }
 
     static func readContext(_ r: inout ByteReader, with dictionary: WireDictionary) throws(WireError) -> CausalContext {
-        var context = CausalContext()
-        var seen = Set<ReplicaID>()
-        for _ in 0..<(try readCount(&r)) {
-            let replica = try dictionary.readReplica(from: &r)
-            guard seen.insert(replica).inserted else { throw .malformed(message: "delta", detail: "context names a replica twice") }
-            guard var previous = r.readVarint() else { throw .malformed(message: "delta", detail: "truncated context") }
-            if previous > 0 { context.merge(CausalContext(versionVector: [replica: previous])) }
-            for _ in 0..<(try readCount(&r)) {
-                guard let gap = r.readVarint(), gap >= 1 else { throw .malformed(message: "delta", detail: "bad context gap") }
-                let (next, overflow) = previous.addingReportingOverflow(gap)
-                guard !overflow else { throw .malformed(message: "delta", detail: "context counter overflow") }
-                context.insert(Dot(replica: replica, counter: next))
-                previous = next
-            }
+        do {
+            return try CausalContext.decode(from: &r) { reader in try dictionary.readReplica(from: &reader) }
+        } catch let error as WireError {
+            throw error
+        } catch {
+            throw .malformed(message: "delta", detail: "context: \(error)")
         }
-        return context
     }
 
     static func writeSupersedes(_ register: FieldRegister, to out: inout [UInt8]) {

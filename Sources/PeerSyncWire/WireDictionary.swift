@@ -36,8 +36,7 @@ public final class WireDictionary {
             return
         }
         out.append(0)
-        for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: id.high >> UInt64(shift))) }
-        for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: id.low >> UInt64(shift))) }
+        id.appendBigEndianBytes(to: &out)
         replicaIndex[id] = replicas.count
         replicas.append(id)
     }
@@ -51,13 +50,9 @@ public final class WireDictionary {
             return replicas[Int(ref - 1)]
         }
         guard replicas.count < Self.capacity else { throw .dictionaryFull }
-        guard let raw = reader.readBytes(16) else { throw .malformed(message: "delta", detail: "truncated replica ID") }
-        var high: UInt64 = 0
-        var low: UInt64 = 0
-        for (i, byte) in raw.enumerated() {
-            if i < 8 { high = high << 8 | UInt64(byte) } else { low = low << 8 | UInt64(byte) }
+        guard let raw = reader.readBytes(16), let id = ReplicaID(bigEndianBytes: raw) else {
+            throw .malformed(message: "delta", detail: "truncated replica ID")
         }
-        let id = ReplicaID(high: high, low: low)
         guard replicaIndex[id] == nil else { throw .malformed(message: "delta", detail: "replica ID defined twice") }
         replicaIndex[id] = replicas.count
         replicas.append(id)
