@@ -50,6 +50,8 @@ public struct SyncConfiguration: Sendable {
     public var maxClockSkew: Duration
     /// Advertise and find peers of the group on the LAN with DNS-SD (avahi on Linux).
     public var discovery: Bool
+    /// `.deltas` normally; `.fullState` only to compare against classic state-based sync.
+    public var transfer: SyncNode.Configuration.Transfer = .deltas
 
     public init(security: SessionSecurity, listenHost: String = "0.0.0.0", listenPort: Int = 0,
                 peers: [(host: String, port: Int)] = [], maxClockSkew: Duration = .seconds(300), discovery: Bool = false) {
@@ -195,7 +197,7 @@ public actor Replica {
             storage: StoreSyncStorage(store), replicaID: store.replicaID,
             configuration: .init(name: store.state.name, listenHost: configuration.listenHost,
                                  listenPort: configuration.listenPort, security: configuration.security,
-                                 maxClockSkew: configuration.maxClockSkew),
+                                 maxClockSkew: configuration.maxClockSkew, transfer: configuration.transfer),
             logger: logger)
         let events = node.events()
         self.node = node

@@ -35,13 +35,20 @@ public actor SyncNode {
         public var reconnectBackoff: (first: Duration, max: Duration)
         /// Wall clock in ms since 1970 (tests inject skew).
         public var wallClock: @Sendable () -> UInt64
+        /// How changes travel. `.deltas` (the default): catch-up of what the peer lacks, then
+        /// deltas. `.fullState`: every catch-up and every change ships the whole state — the
+        /// classic state-based CRDT, kept as a switch on the same code path for benchmarks.
+        public var transfer: Transfer
+
+        public enum Transfer: Sendable { case deltas, fullState }
 
         public init(
             name: String, listenHost: String = "127.0.0.1", listenPort: Int = 0, security: SessionSecurity,
             maxClockSkew: Duration = .seconds(300), keepaliveInterval: Duration = .seconds(1),
             deadPeerTimeout: Duration = .seconds(5), digestQuietPeriod: Duration = .milliseconds(200),
             reconnectBackoff: (first: Duration, max: Duration) = (.milliseconds(200), .seconds(5)),
-            wallClock: @escaping @Sendable () -> UInt64 = HybridLogicalClock.wallClock
+            wallClock: @escaping @Sendable () -> UInt64 = HybridLogicalClock.wallClock,
+            transfer: Transfer = .deltas
         ) {
             self.name = name
             self.listenHost = listenHost
@@ -53,6 +60,7 @@ public actor SyncNode {
             self.digestQuietPeriod = digestQuietPeriod
             self.reconnectBackoff = reconnectBackoff
             self.wallClock = wallClock
+            self.transfer = transfer
         }
     }
 
@@ -169,9 +177,10 @@ public actor SyncNode {
 
     /// Ships a committed local delta to every connected peer.
     public func broadcast(_ delta: RecordMap) {
+        let full = configuration.transfer == .fullState ? storage.snapshot().records : nil
         for handle in established.values {
             handle.noteChanged()
-            handle.outbox.push(.delta(delta))
+            handle.outbox.push(full.map { .catchUp($0) } ?? .delta(delta))
         }
     }
 
@@ -414,7 +423,7 @@ public actor SyncNode {
         established[hello.replicaID] = handle
         addressReplica[handle.address] = hello.replicaID
         let state = storage.snapshot()
-        handle.outbox.push(.catchUp(state.delta(missingFrom: hello.context)))
+        handle.outbox.push(.catchUp(state.delta(missingFrom: configuration.transfer == .fullState ? CausalContext() : hello.context)))
         if let info = handle.info {
             logger.info("peer connected", metadata: ["peer.id": "\(hello.replicaID.shortDescription)", "peer.name": "\(hello.name)",
                                                      "peer.dialed": "\(handle.dialed)"])
@@ -442,7 +451,7 @@ public actor SyncNode {
             for other in established.values where other !== source {
                 if !delta.context.isEmpty && other.delivered.includes(delta.context) { continue }
                 other.noteChanged()
-                other.outbox.push(.delta(delta))
+                other.outbox.push(configuration.transfer == .fullState ? .catchUp(storage.snapshot().records) : .delta(delta))
             }
         }
         if !outcome.isEmpty, let info = source.info { emit(.remoteChange(outcome, from: info)) }
