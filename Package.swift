@@ -99,6 +99,15 @@ let package = Package(
         .executableTarget(name: "peersync-wire-fuzz", dependencies: ["PeerSyncWire", "PeerSyncCRDT"], path: "Tests/WireFuzz",
                           exclude: ["corpus"]),
         .testTarget(name: "PeerSyncCLITests", dependencies: ["PeerSyncTestSupport", "peersync"]),
+        .testTarget(
+            name: "PeerSyncReliabilityTests",
+            dependencies: [
+                "PeerSync", "PeerSyncTestSupport", "peersync",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+            ]
+        ),
         .testTarget(name: "PeerSyncWireTests", dependencies: ["PeerSyncWire", "PeerSyncCRDT", "PeerSyncTestSupport"]),
         .testTarget(
             name: "PeerSyncStoreTests",
