@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The long reliability run, by hand: 50 crash trials per scenario, the lab fault suite, the
+# hostile-peer suite, and 2 million fuzz inputs. (CI runs the same suites with 10 trials and
+# 50,000 fuzz inputs as part of Scripts/test.sh.)
+#   Scripts/reliability.sh [TRIALS] [FUZZ_RUNS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+Scripts/setup.sh
+swift build --build-tests 2>&1 | grep -E "error:|Build complete" || true
+PEERSYNC_TRIALS=${1:-50} swift test --skip-build --disable-xctest \
+  --filter "CrashTests|HostilePeerTests|LabFaultTests|BadInputTests|HostileFramesTests" 2>&1 \
+  | grep -E "^(✘|✔ Test run)|recorded an issue|reliability:" || true
+Scripts/fuzz.sh "${2:-2000000}"
