@@ -187,8 +187,11 @@ struct DiscoveryLabTests {
 
         let daemonStarted = monotonicNanoseconds()
         try lab.startAvahi(1)
+        // Wait for all three signs: the others may see h1's new registration before h1's own
+        // callback reports it, so the registered event is part of the condition, not checked after.
         let back = waitUntil(probes, timeout: Self.timeToFind) {
-            !restarting.events("recovered").isEmpty && others.allSatisfy { $0.found(restarting).count >= 2 }
+            !restarting.events("recovered").isEmpty && restarting.events("registered").count >= 2
+                && others.allSatisfy { $0.found(restarting).count >= 2 }
         }
         #expect(back, "h1 not discoverable again: h1 \(restarting.events); others \(others.map(\.events))")
         for other in others {
