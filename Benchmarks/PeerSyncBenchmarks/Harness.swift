@@ -15,6 +15,8 @@ struct Benchmark: Sendable {
         CRDTBenchmarks.crdtApply, CRDTBenchmarks.crdtExtract, CRDTBenchmarks.modelSave,
         StoreBenchmarks.fullStateCommit, StoreBenchmarks.editCommit, StoreBenchmarks.crossProcess,
         SyncBenchmarks.latency, SyncBenchmarks.initialSync,
+        ConvergenceBenchmarks.w1FullState, ConvergenceBenchmarks.w2Stream, ConvergenceBenchmarks.w3Partition,
+        ConvergenceBenchmarks.w4Memory, ConvergenceBenchmarks.mesh, MultiprocessBenchmark.multiprocess,
     ]
 }
 

@@ -3,13 +3,14 @@ import PeerSyncCRDT
 import PeerSyncModel
 
 // PeerSync benchmarks. Build in release for numbers:
-//   swift run -c release PeerSyncBenchmarks [--quick] [--json FILE] [name ...]
+//   swift run -c release PeerSyncBenchmarks [--quick] [--json FILE] [--svg FILE] [name ...]
 // `--quick` shrinks every workload so CI can smoke-test the code paths in seconds; its
 // numbers mean nothing. Names: see `--help`.
 
 struct Options {
     var quick = false
     var jsonPath: String?
+    var svgPath: String?
     var names: [String] = []
 
     init(_ arguments: [String]) throws {
@@ -20,6 +21,9 @@ struct Options {
             case "--json":
                 guard let path = rest.popFirst() else { throw UsageError("--json needs a file path") }
                 jsonPath = path
+            case "--svg":
+                guard let path = rest.popFirst() else { throw UsageError("--svg needs a file path") }
+                svgPath = path
             case "-h", "--help": throw UsageError(nil)
             default:
                 guard Benchmark.all.contains(where: { $0.name == argument }) else {
@@ -48,17 +52,23 @@ do {
             .map { "\($0.key)=\(String(format: "%.3f", $0.value))" }.joined(separator: "  ")
         print("\(result.name.padding(toLength: 14, withPad: " ", startingAt: 0)) \(metrics)   — \(result.detail)")
     }
+    if let table = Report.table(results) {
+        print("\nConvergence (ms; bytes on the wire incl. TLS; messages = frames sent):\n" + table)
+    }
     if let path = options.jsonPath {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
         try encoder.encode(results).write(to: URL(fileURLWithPath: path))
+    }
+    if let path = options.svgPath {
+        try Data(Chart.svg(results).utf8).write(to: URL(fileURLWithPath: path))
     }
 } catch let error as UsageError {
     if let message = error.message {
         FileHandle.standardError.write(Data("PeerSyncBenchmarks: \(message)\n".utf8))
         exit(2)
     }
-    print("usage: PeerSyncBenchmarks [--quick] [--json FILE] [\(Benchmark.all.map(\.name).joined(separator: "|"))]...")
+    print("usage: PeerSyncBenchmarks [--quick] [--json FILE] [--svg FILE] [\(Benchmark.all.map(\.name).joined(separator: "|"))]...")
 } catch {
     FileHandle.standardError.write(Data("PeerSyncBenchmarks: \(error)\n".utf8))
     exit(1)

@@ -1,0 +1,338 @@
+import Foundation
+import PeerSync
+
+// Convergence benchmarks (issue "Convergence benchmarks"): replicas in one process over
+// loopback TCP + TLS, each workload run once with `.deltas` (catch-up of what a peer lacks, then
+// deltas) and once with `.fullState` (every catch-up and change ships the whole state) — the
+// same SyncNode code path, one switch. Metrics are prefixed `deltas_` / `fullstate_`.
+// Records are the 6-field shift types of `workloadRecord` (SyncBenchmarks.swift).
+
+let transfers: [SyncNode.Configuration.Transfer] = [.deltas, .fullState]
+let durationField = "duration"
+
+/// Copies `source`'s full state into `target` without the network (replicas that "start equal").
+func seedEqual(_ target: ReplicaStore, from source: ReplicaStore) throws {
+    _ = try target.applyRemote(source.state.delta(missingFrom: CausalContext()), from: "seed")
+}
+
+func workloadKey() -> RecordKey { RecordKey(collection: ShiftType.collection, id: UUID()) }
+
+enum ConvergenceBenchmarks {
+    /// W1: A holds N records; a fresh replica connects and receives the full state.
+    static let w1FullState = Benchmark(name: "w1-full-state") { quick in
+        try await measured {
+            let records = quick ? 200 : 10_000
+            var metrics: [String: Double] = [:]
+            for transfer in transfers {
+                let secret = GroupSecret.generate()
+                let a = try await PeerUnderTest.start("a", secret: secret, transfer: transfer)
+                let b = try await PeerUnderTest.start("b", secret: secret, transfer: transfer)
+                try fill(a.store, records: records, seed: 11)
+                let start = ContinuousClock.now
+                await b.node.addPeer(host: "127.0.0.1", port: a.port)
+                let converged = await waitUntil(.seconds(quick ? 20 : 60)) { allEqual([a, b]) }
+                let elapsed = milliseconds(ContinuousClock.now - start)
+                let traffic = await totalTraffic([a, b])
+                await a.stop()
+                await b.stop()
+                guard converged else { throw BenchmarkFailure("w1 (\(transfer.label)): fresh replica did not converge") }
+                let p = transfer.label
+                metrics["\(p)_converge_ms"] = elapsed
+                metrics["\(p)_bytes_per_record"] = Double(traffic.bytes) / Double(records)
+                metrics["\(p)_messages"] = Double(traffic.messages)
+            }
+            return Result(name: "w1-full-state",
+                          detail: "A holds \(records) records; a fresh replica connects (TLS) → full state committed, digests equal; bytes both directions",
+                          metrics: metrics)
+        }
+    }
+
+    /// W2: A and B start equal and connected; A makes single-field updates on random records,
+    /// one commit each, as fast as it can commit, streamed to B.
+    static let w2Stream = Benchmark(name: "w2-stream") { quick in
+        try await measured {
+            let records = quick ? 200 : 10_000
+            var metrics: [String: Double] = [:]
+            var details: [String] = []
+            for transfer in transfers {
+                // Full-state sync ships all `records` per update: a few updates show its cost.
+                let updates = transfer == .deltas ? (quick ? 200 : 10_000) : (quick ? 10 : 50)
+                let secret = GroupSecret.generate()
+                let a = try await PeerUnderTest.start("a", secret: secret, transfer: transfer)
+                let b = try await PeerUnderTest.start("b", secret: secret, transfer: transfer)
+                try fill(a.store, records: records, seed: 21)
+                try seedEqual(b.store, from: a.store)
+                let events = b.node.events()
+                await b.node.addPeer(host: "127.0.0.1", port: a.port)
+                guard await connectMeshWait([a, b], timeout: .seconds(10)) else {
+                    await a.stop(); await b.stop()
+                    throw BenchmarkFailure("w2 (\(transfer.label)): no session")
+                }
+                let tracker = VisibilityTracker()
+                let store = b.store
+                let watcher = Task {
+                    for await event in events {
+                        let keys: [RecordKey]
+                        switch event {
+                        case .remoteChange(let outcome, _): keys = Array(outcome.changedRecords)
+                        case .catchUpProgress: keys = tracker.pendingKeys
+                        default: continue
+                        }
+                        let now = ContinuousClock.now
+                        let state = store.state
+                        for key in keys {
+                            if case .int(let version)? = state.records.record(key)?.fields[durationField]?.value {
+                                tracker.seen(key, version: version, at: now)
+                            }
+                        }
+                    }
+                }
+                let keys = Array(a.store.state.records.records(in: ShiftType.collection).keys)
+                let base = a.store.state
+                var deltas: [RecordMap] = []
+                var rng = BenchRNG(state: 22)
+                let before = await totalTraffic([a, b])
+                var curve: [(ops: Int, bytes: Int)] = [(0, 0)]
+                let step = max(1, updates / 10)
+                let start = ContinuousClock.now
+                for i in 0..<updates {
+                    let key = RecordKey(collection: ShiftType.collection, id: keys.randomElement(using: &rng)!)
+                    let version = Int64(1_000_000 + i)
+                    if let delta = try a.store.write({ $0.upsert([durationField: .int(version)], to: key) }) {
+                        tracker.committed(key, version: version, at: ContinuousClock.now)
+                        await a.node.broadcast(delta)
+                        deltas.append(delta)
+                    }
+                    if (i + 1) % step == 0 {
+                        // Cumulative bytes once B has seen every update so far (a short pause in the stream).
+                        _ = await waitUntil(.seconds(10)) { tracker.pendingKeys.isEmpty }
+                        curve.append((i + 1, await totalTraffic([a, b]).bytes - before.bytes))
+                    }
+                }
+                let converged = await waitUntil(.seconds(quick ? 20 : 120)) {
+                    tracker.pendingKeys.isEmpty && allEqual([a, b])
+                }
+                let elapsed = milliseconds(ContinuousClock.now - start)
+                let after = await totalTraffic([a, b])
+                watcher.cancel()
+                await a.stop()
+                await b.stop()
+                guard converged else { throw BenchmarkFailure("w2 (\(transfer.label)): B did not converge") }
+                // The same deltas joined into a copy of B's starting state, in memory only.
+                var sink = base
+                let applyMs = milliseconds(ContinuousClock().measure { for delta in deltas { sink.apply(delta) } })
+                let samples = tracker.samples
+                let p = transfer.label
+                metrics["\(p)_updates"] = Double(updates)
+                metrics["\(p)_converge_ms"] = elapsed
+                metrics["\(p)_p50_ms"] = percentile(samples, 0.5)
+                metrics["\(p)_p99_ms"] = percentile(samples, 0.99)
+                metrics["\(p)_bytes_per_op"] = Double(after.bytes - before.bytes) / Double(updates)
+                metrics["\(p)_messages_per_op"] = Double(after.messages - before.messages) / Double(updates)
+                metrics["\(p)_apply_in_memory_ms"] = applyMs
+                for point in curve.dropFirst() { metrics["\(p)_curve_bytes_at_\(point.ops)"] = Double(point.bytes) }
+                details.append("\(transfer.label): \(updates) updates")
+            }
+            return Result(name: "w2-stream",
+                          detail: "A streams single-field updates (one commit each) on a \(records)-record collection to B (\(details.joined(separator: ", "))); latency = A commit → visible on B",
+                          metrics: metrics)
+        }
+    }
+
+    /// W3: three replicas start equal and connected; the sessions stop (partition), each makes
+    /// updates, deletes and inserts; new sessions start (heal) and they converge.
+    static let w3Partition = Benchmark(name: "w3-partition") { quick in
+        try await measured {
+            let records = quick ? 200 : 10_000
+            let (updates, deletes, inserts) = quick ? (40, 4, 4) : (2_000, 200, 200)
+            var metrics: [String: Double] = [:]
+            for transfer in transfers {
+                let secret = GroupSecret.generate()
+                var peers: [PeerUnderTest] = []
+                for name in ["a", "b", "c"] { peers.append(try await PeerUnderTest.start(name, secret: secret, transfer: transfer)) }
+                try fill(peers[0].store, records: records, seed: 31)
+                try seedEqual(peers[1].store, from: peers[0].store)
+                try seedEqual(peers[2].store, from: peers[0].store)
+                guard await connectMesh(peers, timeout: .seconds(10)) else {
+                    for p in peers { await p.stop() }
+                    throw BenchmarkFailure("w3 (\(transfer.label)): mesh did not connect")
+                }
+                // Partition: every session ends; each replica edits alone.
+                for p in peers { await p.stop(keepStore: true) }
+                let keys = Array(peers[0].store.state.records.records(in: ShiftType.collection).keys)
+                for (index, peer) in peers.enumerated() {
+                    var rng = BenchRNG(state: 300 + UInt64(index))
+                    var shuffled = keys.shuffled(using: &rng)
+                    for _ in 0..<deletes {
+                        let key = RecordKey(collection: ShiftType.collection, id: shuffled.removeLast())
+                        _ = try peer.store.write { $0.delete(key) }
+                    }
+                    for i in 0..<updates {
+                        let key = RecordKey(collection: ShiftType.collection, id: shuffled[i % shuffled.count])
+                        let field = ["title", "symbol", durationField, "description"][i % 4]
+                        let value: FieldValue = field == durationField ? .int(Int64(index * 100_000 + i))
+                            : .string("\(field) \(index)-\(i)")
+                        _ = try peer.store.write { $0.upsert([field: value], to: key) }
+                    }
+                    for i in 0..<inserts {
+                        _ = try peer.store.write { $0.write(workloadRecord(records + i, &rng), to: workloadKey()) }
+                    }
+                }
+                // The same merge in memory only: each replica joins what the others have that it lacks.
+                let states = peers.map(\.store.state)
+                let mergeMs = milliseconds(ContinuousClock().measure {
+                    var merged = states
+                    for i in merged.indices {
+                        for j in states.indices where j != i { merged[i].apply(states[j].delta(missingFrom: merged[i].context)) }
+                    }
+                    precondition(merged[0].digest == merged[1].digest && merged[1].digest == merged[2].digest)
+                })
+                // Heal: new sessions on the same stores.
+                var healed: [PeerUnderTest] = []
+                for p in peers { healed.append(try await p.restarted(secret: secret)) }
+                let start = ContinuousClock.now
+                for (i, peer) in healed.enumerated() {
+                    for other in healed[(i + 1)...] { await peer.node.addPeer(host: "127.0.0.1", port: other.port) }
+                }
+                let converged = await waitUntil(.seconds(quick ? 20 : 60)) { allEqual(healed) }
+                let elapsed = milliseconds(ContinuousClock.now - start)
+                let traffic = await totalTraffic(healed)
+                for p in healed { await p.stop() }
+                guard converged else { throw BenchmarkFailure("w3 (\(transfer.label)): replicas did not converge after healing") }
+                let ops = 3 * (updates + deletes + inserts)
+                let p = transfer.label
+                metrics["\(p)_converge_ms"] = elapsed
+                metrics["\(p)_bytes_per_op"] = Double(traffic.bytes) / Double(ops)
+                metrics["\(p)_messages"] = Double(traffic.messages)
+                metrics["merge_in_memory_ms"] = mergeMs
+            }
+            return Result(name: "w3-partition",
+                          detail: "3 replicas of \(records) records, partitioned; each makes \(updates) updates, \(deletes) deletes, \(inserts) inserts (one commit each); heal → all digests equal (3 TLS sessions, incl. handshakes)",
+                          metrics: metrics)
+        }
+    }
+
+    /// W4: resident memory per record, 100k records in a replica's state.
+    static let w4Memory = Benchmark(name: "w4-memory") { quick in
+        try await measured {
+            let records = quick ? 2_000 : 100_000
+            var rng = BenchRNG(state: 41)
+            let fields = (0..<records).map { workloadRecord($0, &rng) }
+            let keys = (0..<records).map { _ in workloadKey() }
+            let before = Usage.statusBytes("VmRSS")
+            var state = ReplicaState(name: "memory")
+            for i in 0..<records { state.write(fields[i], to: keys[i]) }
+            let after = Usage.statusBytes("VmRSS")
+            precondition(state.records.recordCount == records)
+            // A store holding them, reopened: the state it loads from SQLite.
+            let directory = temporaryStoreDirectory()
+            defer { try? FileManager.default.removeItem(atPath: directory) }
+            let store = try ReplicaStore.create(directory: directory, name: "memory")
+            _ = try store.applyRemote(state.delta(missingFrom: CausalContext()), from: "seed")
+            let beforeOpen = Usage.statusBytes("VmRSS")
+            let reopened = try ReplicaStore.open(directory: directory)
+            let afterOpen = Usage.statusBytes("VmRSS")
+            precondition(reopened.state.records.recordCount == records)
+            withExtendedLifetime((state, store, reopened)) {}
+            return Result(name: "w4-memory",
+                          detail: "VmRSS growth per record: \(records) 6-field records written into a ReplicaState; and a store of them opened (state loaded from SQLite)",
+                          metrics: ["bytes_per_record": (after - before) / Double(records),
+                                    "store_open_bytes_per_record": (afterOpen - beforeOpen) / Double(records)])
+        }
+    }
+
+    /// Mesh: N peers, all connected, start equal; each inserts records (one commit each) at the
+    /// same time; time until every digest is equal.
+    static let mesh = Benchmark(name: "mesh") { quick in
+        try await measured {
+            let records = quick ? 50 : 200
+            let edits = quick ? 5 : 20
+            var metrics: [String: Double] = [:]
+            for transfer in transfers {
+                // Full state to every peer on every edit grows as peers² × edits: stop at 8 peers.
+                let sizes = quick ? [2, 4] : (transfer == .deltas ? [2, 4, 8, 16, 32] : [2, 4, 8])
+                for n in sizes {
+                    let secret = GroupSecret.generate()
+                    var peers: [PeerUnderTest] = []
+                    for i in 0..<n { peers.append(try await PeerUnderTest.start("p\(i)", secret: secret, transfer: transfer)) }
+                    try fill(peers[0].store, records: records, seed: 51)
+                    for peer in peers.dropFirst() { try seedEqual(peer.store, from: peers[0].store) }
+                    guard await connectMesh(peers, timeout: .seconds(quick ? 20 : 60)) else {
+                        for p in peers { await p.stop() }
+                        throw BenchmarkFailure("mesh (\(transfer.label), \(n) peers): sessions did not all establish")
+                    }
+                    // Per receiver: when each other peer's insert was committed, and when it arrived.
+                    let trackers = peers.map { _ in VisibilityTracker() }
+                    var watchers: [Task<Void, Never>] = []
+                    for (j, peer) in peers.enumerated() {
+                        let events = peer.node.events()
+                        let tracker = trackers[j]
+                        let store = peer.store
+                        watchers.append(Task {
+                            for await event in events {
+                                let keys: [RecordKey]
+                                switch event {
+                                case .remoteChange(let outcome, _): keys = Array(outcome.changedRecords)
+                                case .catchUpProgress: keys = tracker.pendingKeys.filter { store.state.contains($0) }
+                                default: continue
+                                }
+                                let now = ContinuousClock.now
+                                for key in keys { tracker.seen(key, version: 0, at: now) }
+                            }
+                        })
+                    }
+                    let before = await totalTraffic(peers)
+                    let start = ContinuousClock.now
+                    try await withThrowingTaskGroup(of: Void.self) { group in
+                        for (i, peer) in peers.enumerated() {
+                            group.addTask {
+                                var rng = BenchRNG(state: 500 + UInt64(i))
+                                for e in 0..<edits {
+                                    let key = workloadKey()
+                                    let fields = workloadRecord(records + i * edits + e, &rng)
+                                    if let delta = try peer.store.write({ $0.write(fields, to: key) }) {
+                                        let now = ContinuousClock.now
+                                        for (j, tracker) in trackers.enumerated() where j != i {
+                                            tracker.committed(key, version: 0, at: now)
+                                        }
+                                        await peer.node.broadcast(delta)
+                                    }
+                                    await Task.yield()
+                                }
+                            }
+                        }
+                        try await group.waitForAll()
+                    }
+                    let converged = await waitUntil(.seconds(quick ? 20 : 120)) { allEqual(peers) }
+                    let elapsed = milliseconds(ContinuousClock.now - start)
+                    _ = await waitUntil(.seconds(5)) { trackers.allSatisfy { $0.pendingKeys.isEmpty } }
+                    let after = await totalTraffic(peers)
+                    for w in watchers { w.cancel() }
+                    for p in peers { await p.stop() }
+                    guard converged else { throw BenchmarkFailure("mesh (\(transfer.label), \(n) peers) did not converge") }
+                    let samples = trackers.flatMap(\.samples).sorted()
+                    let ops = n * edits
+                    let p = "\(transfer.label)_\(n)p"
+                    metrics["\(p)_converge_ms"] = elapsed
+                    metrics["\(p)_bytes_per_op"] = Double(after.bytes - before.bytes) / Double(ops)
+                    metrics["\(p)_messages"] = Double(after.messages - before.messages)
+                    if !samples.isEmpty {
+                        metrics["\(p)_p50_ms"] = percentile(samples, 0.5)
+                        metrics["\(p)_p99_ms"] = percentile(samples, 0.99)
+                    }
+                }
+            }
+            return Result(name: "mesh",
+                          detail: "N peers fully connected (TLS), equal at \(records) records; each inserts \(edits) records (one commit each) at once; first edit → all digests equal; latency = commit → visible on each other peer",
+                          metrics: metrics)
+        }
+    }
+}
+
+/// Waits until every node of `peers` has a session to every other (they were dialed already).
+func connectMeshWait(_ peers: [PeerUnderTest], timeout: Duration) async -> Bool {
+    await waitUntil(timeout) {
+        for peer in peers where await peer.node.peers().count < peers.count - 1 { return false }
+        return true
+    }
+}

@@ -1,0 +1,154 @@
+import Foundation
+import Logging
+import PeerSync
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// CPU time, resident memory and peak memory of this process (Linux /proc; 0 where unavailable).
+enum Usage {
+    /// User + system CPU seconds of this process (`RUSAGE_SELF`) or of its waited-for children.
+    static func cpuSeconds(children: Bool = false) -> Double {
+        var usage = rusage()
+        guard getrusage(children ? RUSAGE_CHILDREN.rawValue : RUSAGE_SELF.rawValue, &usage) == 0 else { return 0 }
+        func seconds(_ t: timeval) -> Double { Double(t.tv_sec) + Double(t.tv_usec) / 1e6 }
+        return seconds(usage.ru_utime) + seconds(usage.ru_stime)
+    }
+
+    /// A `/proc/self/status` line in bytes (`VmRSS`, `VmHWM`).
+    static func statusBytes(_ key: String) -> Double {
+        guard let text = try? String(contentsOfFile: "/proc/self/status", encoding: .utf8) else { return 0 }
+        for line in text.split(separator: "\n") where line.hasPrefix(key + ":") {
+            let number = line.dropFirst(key.count + 1).split(whereSeparator: { $0 == " " || $0 == "\t" }).first.flatMap { Double($0) } ?? 0
+            return number * 1024  // the kernel reports kB
+        }
+        return 0
+    }
+
+    /// Resets VmHWM to the current RSS (Linux ≥ 4.0: `echo 5 > /proc/self/clear_refs`), so each
+    /// benchmark reports its own peak. Best effort.
+    static func resetPeak() {
+        try? Data("5".utf8).write(to: URL(fileURLWithPath: "/proc/self/clear_refs"))
+    }
+}
+
+/// Runs `body` and adds `cpu_s` (this process, user + system) and `peak_rss_mb` (VmHWM) to its metrics.
+func measured(_ body: () async throws -> Result) async throws -> Result {
+    Usage.resetPeak()
+    let cpu = Usage.cpuSeconds()
+    var result = try await body()
+    result.metrics["cpu_s"] = Usage.cpuSeconds() - cpu
+    result.metrics["peak_rss_mb"] = Usage.statusBytes("VmHWM") / 1_048_576
+    return result
+}
+
+/// Polls `condition` every millisecond until it holds or `timeout` passes. Returns whether it held.
+func waitUntil(_ timeout: Duration, _ condition: () async -> Bool) async -> Bool {
+    let deadline = ContinuousClock.now + timeout
+    while ContinuousClock.now < deadline {
+        if await condition() { return true }
+        try? await Task.sleep(for: .milliseconds(1))
+    }
+    return await condition()
+}
+
+struct BenchmarkFailure: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+extension SyncNode.Configuration.Transfer {
+    /// Metric prefix: `deltas` or `fullstate`.
+    var label: String { self == .deltas ? "deltas" : "fullstate" }
+}
+
+/// A sync node over a store in a temporary directory, on 127.0.0.1 with real TLS, with the
+/// transfer mode under test. The store outlives the node, so a partition is a stopped node and
+/// healing is a new node on the same store.
+struct PeerUnderTest: Sendable {
+    let directory: String
+    let store: ReplicaStore
+    let node: SyncNode
+    let port: Int
+
+    static func start(_ name: String, secret: GroupSecret, transfer: SyncNode.Configuration.Transfer,
+                      store existing: (directory: String, store: ReplicaStore)? = nil) async throws -> PeerUnderTest {
+        let directory = existing?.directory ?? temporaryStoreDirectory()
+        let store = try existing?.store ?? ReplicaStore.create(directory: directory, name: name)
+        var logger = Logger(label: "bench.\(name)")
+        logger.logLevel = .error
+        let node = try SyncNode(storage: StoreSyncStorage(store), replicaID: store.replicaID,
+                                configuration: .init(name: name, security: .groupSecret(secret), transfer: transfer),
+                                logger: logger)
+        let port = try await node.start()
+        return PeerUnderTest(directory: directory, store: store, node: node, port: port)
+    }
+
+    /// A new node on the same store (after `stop(keepStore: true)`).
+    func restarted(secret: GroupSecret) async throws -> PeerUnderTest {
+        try await .start(store.state.name, secret: secret, transfer: node.configuration.transfer, store: (directory, store))
+    }
+
+    func stop(keepStore: Bool = false) async {
+        await node.stop()
+        if !keepStore { try? FileManager.default.removeItem(atPath: directory) }
+    }
+}
+
+/// Sum of traffic over nodes (each byte counted once: what every node sent).
+func totalTraffic(_ peers: [PeerUnderTest]) async -> (bytes: Int, messages: Int) {
+    var bytes = 0
+    var messages = 0
+    for peer in peers {
+        let t = await peer.node.traffic()
+        bytes += t.bytesSent
+        messages += t.framesSent
+    }
+    return (bytes, messages)
+}
+
+func allEqual(_ peers: [PeerUnderTest]) -> Bool {
+    guard let first = peers.first?.store.state.digest else { return true }
+    return peers.dropFirst().allSatisfy { $0.store.state.digest == first }
+}
+
+/// Dials every pair once (lower index dials higher) and waits until every node has
+/// `peers.count - 1` established sessions. Returns whether that happened within `timeout`.
+func connectMesh(_ peers: [PeerUnderTest], timeout: Duration) async -> Bool {
+    for (i, peer) in peers.enumerated() {
+        for other in peers[(i + 1)...] { await peer.node.addPeer(host: "127.0.0.1", port: other.port) }
+    }
+    return await waitUntil(timeout) {
+        for peer in peers where await peer.node.peers().count < peers.count - 1 { return false }
+        return true
+    }
+}
+
+/// Edit → visible bookkeeping: when each edit was committed, when a watching node first saw it.
+final class VisibilityTracker: Sendable {
+    private struct State {
+        var committed: [RecordKey: [(version: Int64, at: ContinuousClock.Instant)]] = [:]
+        var samples: [Double] = []
+    }
+    private let state = Mutex(State())
+
+    func committed(_ key: RecordKey, version: Int64, at instant: ContinuousClock.Instant) {
+        state.withLock { $0.committed[key, default: []].append((version, instant)) }
+    }
+
+    /// `key` is now at `version` on the watcher: every edit of it up to `version` is visible.
+    func seen(_ key: RecordKey, version: Int64, at instant: ContinuousClock.Instant) {
+        state.withLock { s in
+            guard let pending = s.committed[key] else { return }
+            var rest: [(version: Int64, at: ContinuousClock.Instant)] = []
+            for edit in pending {
+                if edit.version <= version { s.samples.append(milliseconds(instant - edit.at)) } else { rest.append(edit) }
+            }
+            s.committed[key] = rest.isEmpty ? nil : rest
+        }
+    }
+
+    var pendingKeys: [RecordKey] { state.withLock { Array($0.committed.keys) } }
+    var samples: [Double] { state.withLock { $0.samples.sorted() } }
+}
