@@ -24,6 +24,7 @@ final class SessionHandle: Sendable {
         var framesSent = 0
         var framesReceived = 0
         var pendingCatchUp: [RecordMap] = []
+        var neighbors: Set<ReplicaID>?
         var pendingRecords = 0
     }
 
@@ -54,6 +55,12 @@ final class SessionHandle: Sendable {
     }
 
     var delivered: CausalContext { state.withLock { $0.delivered } }
+
+    /// The replicas the peer has sessions with, as it last told us (nil: not known yet).
+    var neighbors: Set<ReplicaID>? {
+        get { state.withLock { $0.neighbors } }
+        set { state.withLock { $0.neighbors = newValue } }
+    }
 
     func noteDelivered(_ context: CausalContext) {
         if context.isEmpty { return }

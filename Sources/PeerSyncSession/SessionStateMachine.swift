@@ -18,7 +18,7 @@ struct SessionStateMachine {
         case established(Hello)
         case applyChunk(RecordMap, index: UInt64, count: UInt64, records: UInt64)
         case applyDelta(RecordMap)
-        case acked(CausalContext)
+        case acked(CausalContext, neighbors: [ReplicaID]?)
         case digest(StateDigest, records: UInt64)
         /// End the session; if `notifyPeer`, send `.error(reason, text)` first.
         case close(CloseReason, String, notifyPeer: Bool)
@@ -70,8 +70,8 @@ struct SessionStateMachine {
                 ?? close(.malformed, lastError, notify: true)
         case (.established, .delta(let bytes)):
             return decodeDelta(bytes, now: now).map { [.applyDelta($0)] } ?? close(.malformed, lastError, notify: true)
-        case (.established, .ack(let context)):
-            return [.acked(context)]
+        case (.established, .ack(let context, let neighbors)):
+            return [.acked(context, neighbors: neighbors)]
         case (.established, .digest(let digest, let records)):
             return [.digest(digest, records: records)]
         case (.established, .ping(let nonce)):

@@ -373,12 +373,13 @@ public actor SyncNode {
                 emit(.catchUpProgress(info, chunk: Int(index) + 1, chunks: Int(count), records: Int(records)))
             }
             if last {
-                handle.outbox.push(.message(.ack(storage.snapshot().context)))
+                handle.outbox.push(.message(ack()))
             }
         case .applyDelta(let delta):
             guard apply([delta], from: handle, logger: logger) else { return false }
-        case .acked(let context):
+        case .acked(let context, let neighbors):
             handle.noteDelivered(context)
+            if let neighbors { handle.neighbors = Set(neighbors) }
         case .digest(let digest, _):
             let local = storage.snapshot()
             if digest == local.digest {
@@ -421,6 +422,7 @@ public actor SyncNode {
         }
         handle.established(hello)
         established[hello.replicaID] = handle
+        announceNeighbors()
         addressReplica[handle.address] = hello.replicaID
         let state = storage.snapshot()
         handle.outbox.push(.catchUp(state.delta(missingFrom: configuration.transfer == .fullState ? CausalContext() : hello.context)))
@@ -448,8 +450,12 @@ public actor SyncNode {
             source.noteDelivered(delta.context)
             let grew = !before.includes(delta.context)
             guard !outcome.isEmpty || grew else { continue }
+            let origins = delta.context.replicas
             for other in established.values where other !== source {
                 if !delta.context.isEmpty && other.delivered.includes(delta.context) { continue }
+                // Whoever made the delta reaches `other` directly: do not send it again.
+                if !origins.isEmpty, let peer = other.peer?.replicaID,
+                   origins.allSatisfy({ $0 == peer || (other.neighbors?.contains($0) ?? false) }) { continue }
                 other.noteChanged()
                 other.outbox.push(configuration.transfer == .fullState ? .catchUp(storage.snapshot().records) : .delta(delta))
             }
@@ -464,6 +470,7 @@ public actor SyncNode {
         add(handle, to: &closedTraffic)
         if let peer = handle.peer, established[peer.replicaID] === handle {
             established[peer.replicaID] = nil
+            announceNeighbors()
         }
         if let info = handle.info {
             let reason = handle.closeReason ?? "closed"
@@ -472,6 +479,17 @@ public actor SyncNode {
         } else if let reason = handle.closeReason, reason != "duplicate connection" {
             emit(.sessionRefused(address: handle.address, reason: reason))
         }
+    }
+
+    /// The replicas this node has established sessions with.
+    private func neighborList() -> [ReplicaID] { established.keys.sorted() }
+
+    private func ack() -> Message { .ack(storage.snapshot().context, neighbors: neighborList()) }
+
+    /// Tells every peer whom this node is connected to now, so they forward only what it lacks.
+    private func announceNeighbors() {
+        let message = ack()
+        for handle in established.values { handle.outbox.push(.message(message)) }
     }
 
     // MARK: - Writer and keepalive
@@ -560,7 +578,7 @@ public actor SyncNode {
             }
             if handle.takeDigestDue(now: now, quiet: quiet) {
                 let state = storage.snapshot()
-                handle.outbox.push(.message(.ack(state.context)))
+                handle.outbox.push(.message(.ack(state.context, neighbors: await neighborList())))
                 handle.outbox.push(.message(.digest(state.digest, records: UInt64(state.records.recordCount))))
             } else if silence.sent >= interval, handle.peer != nil {
                 nonce += 1

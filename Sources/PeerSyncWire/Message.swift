@@ -66,8 +66,10 @@ public enum Message: Sendable, Equatable {
     /// Part `index` of `count` of the catch-up; the last chunk's delta carries the sender's context.
     case chunk(index: UInt64, count: UInt64, records: UInt64, delta: [UInt8])
     case delta([UInt8])
-    /// The receiver's context after applying what it got.
-    case ack(CausalContext)
+    /// The receiver's context after applying what it got, and (if known) the replicas it has an
+    /// established session with — a peer then does not forward it deltas those replicas send it
+    /// directly.
+    case ack(CausalContext, neighbors: [ReplicaID]?)
     case digest(StateDigest, records: UInt64)
     case ping(UInt64)
     case pong(UInt64)
@@ -115,8 +117,9 @@ public enum Message: Sendable, Equatable {
             w.bytes(4, delta)
         case .delta(let delta):
             return delta  // the body is the delta itself: the smallest frame for the most frequent message
-        case .ack(let context):
+        case .ack(let context, let neighbors):
             w.bytes(1, context.encodedBlob())
+            if let neighbors { w.bytes(2, neighbors.flatMap(\.bigEndianBytes)) }
         case .digest(let digest, let records):
             w.bytes(1, replicaBytes(ReplicaID(high: digest.high, low: digest.low)))
             w.varint(2, records)
@@ -161,9 +164,16 @@ public enum Message: Sendable, Equatable {
             guard index < count else { throw .malformed(message: "chunk", detail: "index \(index) of \(count)") }
             return .chunk(index: index, count: count, records: try f.varint(3, "records"), delta: try f.bytes(4, "delta"))
         case .ack:
-            do { return .ack(try CausalContext(blob: try f.bytes(1, "context"))) } catch let error as WireError { throw error } catch {
+            let context: CausalContext
+            do { context = try CausalContext(blob: try f.bytes(1, "context")) } catch let error as WireError { throw error } catch {
                 throw .malformed(message: "ack", detail: "context: \(error)")
             }
+            guard let raw = f.blobs[2] else { return .ack(context, neighbors: nil) }
+            guard raw.count % 16 == 0, raw.count <= 16 * 4_096 else {
+                throw .malformed(message: "ack", detail: "neighbors must be 16-byte IDs, at most 4,096")
+            }
+            let neighbors = stride(from: 0, to: raw.count, by: 16).map { ReplicaID(bigEndianBytes: raw[$0..<($0 + 16)])! }
+            return .ack(context, neighbors: neighbors)
         case .digest:
             let d = try replica(f.bytes(1, "digest"), "digest")
             return .digest(StateDigest(high: d.high, low: d.low), records: f.varints[2] ?? 0)
