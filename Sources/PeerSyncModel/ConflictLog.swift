@@ -27,23 +27,44 @@ public struct ConflictLog: Sendable, Equatable {
     public private(set) var entries: [ConflictEntry] = []
     /// How many entries were ever added (the store persists the ones added since it last looked).
     public private(set) var totalRecorded = 0
+    /// (record, field, loser's dot) of every entry, for O(1) duplicate checks.
+    private var logged: Set<LoserID> = []
+
+    private struct LoserID: Hashable, Sendable {
+        let key: RecordKey
+        let field: String
+        let dot: Dot
+        init(_ entry: ConflictEntry) {
+            key = entry.key
+            field = entry.field
+            dot = entry.loser.dot
+        }
+    }
 
     public init(capacity: Int = ConflictLog.defaultCapacity, entries: [ConflictEntry] = []) {
         precondition(capacity > 0)
         self.capacity = capacity
         self.entries = Array(entries.suffix(capacity))
+        logged = Set(self.entries.map(LoserID.init))
     }
 
     /// Appends `entry` unless the same loser of the same field is already logged.
     /// Returns whether it was added.
+    ///
+    /// - Complexity: O(1) amortized.
     @discardableResult
     public mutating func record(_ entry: ConflictEntry) -> Bool {
-        if entries.contains(where: { $0.key == entry.key && $0.field == entry.field && $0.loser.dot == entry.loser.dot }) {
-            return false
-        }
+        guard logged.insert(LoserID(entry)).inserted else { return false }
         entries.append(entry)
         totalRecorded += 1
-        if entries.count > capacity { entries.removeFirst(entries.count - capacity) }
+        if entries.count > capacity {
+            for dropped in entries.prefix(entries.count - capacity) { logged.remove(LoserID(dropped)) }
+            entries.removeFirst(entries.count - capacity)
+        }
         return true
+    }
+
+    public static func == (lhs: ConflictLog, rhs: ConflictLog) -> Bool {
+        lhs.capacity == rhs.capacity && lhs.entries == rhs.entries && lhs.totalRecorded == rhs.totalRecorded
     }
 }
