@@ -92,7 +92,9 @@ struct HostilePeerTests {
         try Nodes.cli(stores[1], ["location", "add", "--name", "after the attack"])
         #expect(await eventually { Nodes.status(stores[0])?.records["locations"] == 2 })
         #expect(await eventually { Nodes.converged(stores) })
-        #expect(Nodes.status(stores[0])?.node?.peers.count == 1)
+        // Hostile sessions that got past a valid hello are closed; the status file (rewritten
+        // every 0.5 s) then lists only the honest peer.
+        #expect(await eventually { Nodes.status(stores[0])?.node?.peers.count == 1 })
     }
 
     @Test("bytes recorded from one session, replayed on a new connection, are refused by TLS")
@@ -109,12 +111,24 @@ struct HostilePeerTests {
         try Nodes.cli(stores[1], ["location", "add", "--name", "recorded delta"])
         #expect(await eventually { Nodes.converged(stores) })
         honest.kill(SIGTERM)
+        // The status file is rewritten every 0.5 s: wait until it shows the honest peer gone.
+        #expect(await eventually { Nodes.status(stores[0])?.node?.peers.isEmpty == true })
         let recorded = recorder.clientBytes()
         #expect(recorded.count > 200)
         let digest = try #require(Nodes.status(stores[0])?.digest)
         // Replay the whole client side, as is, twice.
         for _ in 0..<2 { try await Self.connect(port: port, tls: nil, chunks: [recorded]) }
         #expect(Nodes.status(stores[0])?.digest == digest)
+        // No session came of it: after two more status refreshes, still no peer.
+        let pid = try #require(Nodes.status(stores[0])?.node?.pid)
+        var refreshes = 0
+        var lastUpdate = ""
+        _ = await eventually {
+            let stamp = (try? String(contentsOfFile: stores[0] + "/node.json", encoding: .utf8)) ?? ""
+            if stamp != lastUpdate { refreshes += 1; lastUpdate = stamp }
+            return refreshes >= 3
+        }
+        #expect(Nodes.status(stores[0])?.node?.pid == pid)
         #expect(Nodes.status(stores[0])?.node?.peers.isEmpty == true)
         try await recorder.stop()
     }
