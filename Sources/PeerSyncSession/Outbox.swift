@@ -26,7 +26,6 @@ final class Outbox: Sendable {
         var needsResync = false
         var finished = false
         var waiter: CheckedContinuation<Void, Never>?
-        var dropped = 0
     }
 
     private let state = Mutex(State())
@@ -37,16 +36,12 @@ final class Outbox: Sendable {
         let waiter: CheckedContinuation<Void, Never>? = state.withLock { s in
             guard !s.finished else { return nil }
             if case .delta(let delta) = item {
-                if s.needsResync {
-                    s.dropped += 1
-                    return nil
-                }
+                if s.needsResync { return nil }
                 let size = delta.approximateWireBytes
                 if s.pendingBytes + size > Self.limitBytes {
                     s.items.removeAll { if case .delta = $0 { true } else { false } }
                     s.pendingBytes = 0
                     s.needsResync = true
-                    s.dropped += 1
                 } else {
                     s.items.append(item)
                     s.pendingBytes += size
@@ -70,9 +65,6 @@ final class Outbox: Sendable {
         }
         waiter?.resume()
     }
-
-    /// Deltas dropped because the peer did not keep up.
-    var droppedDeltas: Int { state.withLock { $0.dropped } }
 
     /// Everything queued (nil once finished and empty), and whether a resync is due.
     func next() async -> (items: [OutboxItem], resync: Bool)? {

@@ -150,11 +150,6 @@ public actor SyncNode {
         tasks.append(Task { await self.dialLoop(host: host, port: port) })
     }
 
-    /// Dials `host:port` once; returns when that session ends.
-    public func connectOnce(host: String, port: Int) async {
-        await dial(host: host, port: port)
-    }
-
     /// Closes every session (with a goodbye) and the listener.
     public func stop() async {
         guard !stopped else { return }
