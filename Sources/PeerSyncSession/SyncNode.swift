@@ -343,7 +343,11 @@ public actor SyncNode {
                     if await !perform(action, handle: handle, logger: logger) { return }
                 }
             }
-            handle.setCloseReason("peer closed the connection")
+            // Over TLS, an end of stream before the peer's hello means the handshake was refused
+            // or cut off (a server refusing our key just closes): say so, not "closed".
+            handle.setCloseReason(handle.peer == nil && tls != nil
+                ? "TLS handshake failed or was cut off before the peer's hello (wrong group secret, or not a PeerSync node)"
+                : "peer closed the connection")
         } catch {
             handle.setCloseReason(Self.describe(error))
         }
@@ -538,7 +542,9 @@ public actor SyncNode {
                 if !frames.isEmpty { try await write(frames, outbound, allocator, handle) }
             }
         } catch {
-            handle.setCloseReason("write failed: \(Self.describe(error))")
+            // A write to a channel that is already closing is a consequence, not the cause: leave
+            // the reason to the reader, which sees why (TLS refusal, end of stream, bad frame).
+            if !(error is ChannelError) { handle.setCloseReason("write failed: \(Self.describe(error))") }
             try? await channel.close()
         }
     }
