@@ -7,7 +7,7 @@ import PeerSync
 // same SyncNode code path, one switch. Metrics are prefixed `deltas_` / `fullstate_`.
 // Records are the 6-field shift types of `workloadRecord` (SyncBenchmarks.swift).
 
-let transfers: [SyncNode.Configuration.Transfer] = [.deltas, .fullState]
+let transfers: [TransferMode] = [.deltas, .fullState]
 let durationField = "duration"
 
 /// Copies `source`'s full state into `target` without the network (replicas that "start equal").
@@ -29,7 +29,7 @@ enum ConvergenceBenchmarks {
                 let b = try await PeerUnderTest.start("b", secret: secret, transfer: transfer)
                 try fill(a.store, records: records, seed: 11)
                 let start = ContinuousClock.now
-                await b.node.addPeer(host: "127.0.0.1", port: a.port)
+                await b.node.addPeer(.loopback(a.port))
                 let converged = await waitUntil(.seconds(quick ? 20 : 60)) { allEqual([a, b]) }
                 let elapsed = milliseconds(ContinuousClock.now - start)
                 let traffic = await totalTraffic([a, b])
@@ -63,7 +63,7 @@ enum ConvergenceBenchmarks {
                 try fill(a.store, records: records, seed: 21)
                 try seedEqual(b.store, from: a.store)
                 let events = b.node.events()
-                await b.node.addPeer(host: "127.0.0.1", port: a.port)
+                await b.node.addPeer(.loopback(a.port))
                 guard await connectMeshWait([a, b], timeout: .seconds(10)) else {
                     await a.stop(); await b.stop()
                     throw BenchmarkFailure("w2 (\(transfer.label)): no session")
@@ -192,7 +192,7 @@ enum ConvergenceBenchmarks {
                 for p in peers { healed.append(try await p.restarted(secret: secret)) }
                 let start = ContinuousClock.now
                 for (i, peer) in healed.enumerated() {
-                    for other in healed[(i + 1)...] { await peer.node.addPeer(host: "127.0.0.1", port: other.port) }
+                    for other in healed[(i + 1)...] { await peer.node.addPeer(.loopback(other.port)) }
                 }
                 let converged = await waitUntil(.seconds(quick ? 20 : 60)) { allEqual(healed) }
                 let elapsed = milliseconds(ContinuousClock.now - start)

@@ -58,7 +58,7 @@ struct BenchmarkFailure: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-extension SyncNode.Configuration.Transfer {
+extension TransferMode {
     /// Metric prefix: `deltas` or `fullstate`.
     var label: String { self == .deltas ? "deltas" : "fullstate" }
 }
@@ -70,16 +70,16 @@ struct PeerUnderTest: Sendable {
     let directory: String
     let store: ReplicaStore
     let node: SyncNode
-    let port: Int
+    let port: UInt16
 
-    static func start(_ name: String, secret: GroupSecret, transfer: SyncNode.Configuration.Transfer,
+    static func start(_ name: String, secret: GroupSecret, transfer: TransferMode,
                       store existing: (directory: String, store: ReplicaStore)? = nil) async throws -> PeerUnderTest {
         let directory = existing?.directory ?? temporaryStoreDirectory()
         let store = try existing?.store ?? ReplicaStore.create(directory: directory, name: name)
         var logger = Logger(label: "bench.\(name)")
         logger.logLevel = .error
-        let node = try SyncNode(storage: StoreSyncStorage(store), replicaID: store.replicaID,
-                                configuration: .init(name: name, security: .groupSecret(secret), transfer: transfer),
+        let node = try SyncNode(storage: StoreSyncStorage(store), replicaID: store.replicaID, name: name,
+                                configuration: SyncConfiguration(security: .groupSecret(secret), listen: .loopback(0), transfer: transfer),
                                 logger: logger)
         let port = try await node.start()
         return PeerUnderTest(directory: directory, store: store, node: node, port: port)
@@ -117,7 +117,7 @@ func allEqual(_ peers: [PeerUnderTest]) -> Bool {
 /// `peers.count - 1` established sessions. Returns whether that happened within `timeout`.
 func connectMesh(_ peers: [PeerUnderTest], timeout: Duration) async -> Bool {
     for (i, peer) in peers.enumerated() {
-        for other in peers[(i + 1)...] { await peer.node.addPeer(host: "127.0.0.1", port: other.port) }
+        for other in peers[(i + 1)...] { await peer.node.addPeer(.loopback(other.port)) }
     }
     return await waitUntil(timeout) {
         for peer in peers where await peer.node.peers().count < peers.count - 1 { return false }

@@ -7,15 +7,15 @@ struct BenchNode {
     let directory: String
     let store: ReplicaStore
     let node: SyncNode
-    var port = 0
+    var port: UInt16 = 0
 
     init(_ name: String, secret: GroupSecret) throws {
         directory = temporaryStoreDirectory()
         store = try ReplicaStore.create(directory: directory, name: name)
         var logger = Logger(label: "bench.\(name)")
         logger.logLevel = .error
-        node = try SyncNode(storage: StoreSyncStorage(store), replicaID: store.replicaID,
-                            configuration: .init(name: name, security: .groupSecret(secret)), logger: logger)
+        node = try SyncNode(storage: StoreSyncStorage(store), replicaID: store.replicaID, name: name,
+                            configuration: SyncConfiguration(security: .groupSecret(secret), listen: .loopback(0)), logger: logger)
     }
 
     mutating func start() async throws { port = try await node.start() }
@@ -62,7 +62,7 @@ enum SyncBenchmarks {
         try await a.start()
         try await b.start()
         let events = b.node.events()
-        await b.node.addPeer(host: "127.0.0.1", port: a.port)
+        await b.node.addPeer(.loopback(a.port))
         var iterator = events.makeAsyncIterator()
         while let event = await iterator.next() {
             if case .converged = event { break }
@@ -104,7 +104,7 @@ enum SyncBenchmarks {
             try await b.start()
             let events = b.node.events()
             let start = ContinuousClock.now
-            await b.node.addPeer(host: "127.0.0.1", port: a.port)
+            await b.node.addPeer(.loopback(a.port))
             for await event in events {
                 if case .catchUpProgress(_, let chunk, let chunks, _) = event, chunk == chunks { break }
             }

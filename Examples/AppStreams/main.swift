@@ -41,9 +41,10 @@ let changeLog = Task {
 }
 
 try await app.save(Location(name: "Made offline, before sync was on"))
-let port = try await app.startSync(SyncConfiguration(security: .groupSecret(secret), listenHost: "127.0.0.1"))
-try await other.startSync(SyncConfiguration(security: .groupSecret(secret), listenHost: "127.0.0.1",
-                                            peers: [(host: "127.0.0.1", port: port)]))
+let loopback = PeerAddress(host: "127.0.0.1", port: 0)
+let port = try await app.startSync(SyncConfiguration(security: .groupSecret(secret), listen: loopback))
+try await other.startSync(SyncConfiguration(security: .groupSecret(secret), listen: loopback,
+                                            peers: [PeerAddress(host: "127.0.0.1", port: port)]))
 try await other.save(ShiftType(symbol: "L", title: "Late", duration: 8 * 3600))
 try await other.save(Location(name: "Depot"))
 

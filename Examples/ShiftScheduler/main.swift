@@ -27,9 +27,10 @@ var logger = Logger(label: "example")
 logger.logLevel = .warning
 let office = try Replica.open(at: root + "/office", name: "office", logger: logger)
 let tablet = try Replica.open(at: root + "/tablet", name: "ward tablet", logger: logger)
-let officePort = try await office.startSync(SyncConfiguration(security: .groupSecret(secret), listenHost: "127.0.0.1"))
-try await tablet.startSync(SyncConfiguration(security: .groupSecret(secret), listenHost: "127.0.0.1",
-                                             peers: [(host: "127.0.0.1", port: officePort)]))
+let loopback = PeerAddress(host: "127.0.0.1", port: 0)
+let officePort = try await office.startSync(SyncConfiguration(security: .groupSecret(secret), listen: loopback))
+try await tablet.startSync(SyncConfiguration(security: .groupSecret(secret), listen: loopback,
+                                             peers: [PeerAddress(host: "127.0.0.1", port: officePort)]))
 
 // The office sets up locations and shift types.
 let ward3 = Location(name: "Ward 3", address: "Main St 1")

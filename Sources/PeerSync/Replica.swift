@@ -35,39 +35,34 @@ public enum SyncStatus: Sendable, Equatable {
     case syncing(progress: Double?)
     /// Every connected peer holds the same state as this replica.
     case inSync(lastSync: Date, peers: [String])
-    /// Something a person can fix (wrong secret, clock skew, port in use…).
-    case error(String)
+    /// Something a person can fix (wrong group, clock skew, port in use, storage).
+    case error(SyncIssue)
 }
 
-/// How to sync.
-public struct SyncConfiguration: Sendable {
-    public var security: SessionSecurity
-    public var listenHost: String
-    /// 0 picks a free port.
-    public var listenPort: Int
-    /// Static peers (`host`, `port`), for networks without multicast.
-    public var peers: [(host: String, port: Int)]
-    public var maxClockSkew: Duration
-    /// Advertise and find peers of the group on the LAN with DNS-SD (avahi on Linux).
-    public var discovery: Bool
-    /// `.deltas` normally; `.fullState` only to compare against classic state-based sync.
-    public var transfer: SyncNode.Configuration.Transfer = .deltas
+/// What stops sync, in terms a person can act on.
+public enum SyncIssue: Sendable, Equatable, CustomStringConvertible {
+    /// A session to `address` failed or was refused, and no peer is connected.
+    case session(address: String, reason: SessionEndReason)
+    /// The local store cannot be read.
+    case storage(String)
 
-    public init(security: SessionSecurity, listenHost: String = "0.0.0.0", listenPort: Int = 0,
-                peers: [(host: String, port: Int)] = [], maxClockSkew: Duration = .seconds(300), discovery: Bool = false) {
-        self.security = security
-        self.listenHost = listenHost
-        self.listenPort = listenPort
-        self.peers = peers
-        self.maxClockSkew = maxClockSkew
-        self.discovery = discovery
+    public var description: String {
+        switch self {
+        case .session(let address, let reason): "\(address): \(reason)"
+        case .storage(let detail): "storage: \(detail)"
+        }
     }
+}
 
+extension SyncConfiguration {
     /// The opaque DNS-SD tag of this configuration's group.
     var groupTag: String {
         if case .groupSecret(let secret) = security { return secret.groupTag }
         return "insecure"
     }
+
+    /// Whether this configuration uses TCP at all (listening, dialing or discovery).
+    var usesTCP: Bool { listen != nil || !peers.isEmpty || discovery }
 }
 
 /// An offline-first replica an app opens at a path: typed reads and writes that work with sync
@@ -83,9 +78,10 @@ public actor Replica {
     public nonisolated let store: ReplicaStore
     public nonisolated let directory: String
     nonisolated let logger: Logger
+    private var replicator: Replicator?
     private var node: SyncNode?
     private var discovery: PeerDiscovery?
-    private var dialedDiscovered: [ReplicaID: String] = [:]
+    private var dialedDiscovered: [ReplicaID: PeerAddress] = [:]
     private var tasks: [Task<Void, Never>] = []
     private var status = SyncStatus.disabled
     private var peerNames: [ReplicaID: String] = [:]
@@ -153,7 +149,7 @@ public actor Replica {
     /// Runs any change as one transaction and ships its delta.
     public func commit(_ body: (inout ReplicaState) throws -> RecordMap?) async throws {
         guard let delta = try store.write(body) else { return }
-        await node?.broadcast(delta)
+        await replicator?.broadcast(delta)
         publish(ReplicaChange(origin: .local, records: Set(delta.allRecords.map(\.0))))
     }
 
@@ -188,34 +184,40 @@ public actor Replica {
 
     // MARK: - Sync
 
-    /// Turns sync on: listens, dials the static peers, shares existing local data with every
-    /// peer that connects, and ships other processes' commits. Returns the listening port.
+    /// Turns sync on: listens and dials as `configuration` says, shares existing local data
+    /// with every peer that connects, and ships other processes' commits. Returns the listening
+    /// port (0 if not listening). Calling it again restarts sync with the new configuration.
     @discardableResult
-    public func startSync(_ configuration: SyncConfiguration) async throws -> Int {
-        if node != nil { await stopSync() }
-        let node = try SyncNode(
-            storage: StoreSyncStorage(store), replicaID: store.replicaID,
-            configuration: .init(name: store.state.name, listenHost: configuration.listenHost,
-                                 listenPort: configuration.listenPort, security: configuration.security,
-                                 maxClockSkew: configuration.maxClockSkew, transfer: configuration.transfer),
-            logger: logger)
-        let events = node.events()
-        self.node = node
+    public func startSync(_ configuration: SyncConfiguration) async throws -> UInt16 {
+        if replicator != nil { await stopSync() }
+        let replicator = Replicator(storage: StoreSyncStorage(store), replicaID: store.replicaID, name: store.state.name,
+                                    configuration: configuration, logger: logger)
+        self.replicator = replicator
         setStatus(.connecting)
-        tasks.append(Task { await self.follow(events) })
-        let port = try await node.start()
-        for peer in configuration.peers { await node.addPeer(host: peer.host, port: peer.port) }
+        tasks.append(Task { await self.follow(replicator.events()) })
         tasks.append(Task { await self.watchOtherProcesses() })
+        guard configuration.usesTCP else { return 0 }
+        let node = try SyncNode(replicator: replicator, logger: logger)
+        self.node = node
+        let port = try await node.start()
         if configuration.discovery {
             let discovery = PeerDiscovery()
             self.discovery = discovery
             let advertisement = PeerAdvertisement(
-                serviceName: "\(store.state.name) \(replicaID.shortDescription)", port: UInt16(port), replicaID: replicaID,
+                serviceName: "\(store.state.name) \(replicaID.shortDescription)", port: port, replicaID: replicaID,
                 groupTag: configuration.groupTag, protocolVersion: Int(WireLimits.protocolVersion))
             let events = discovery.start(advertising: advertisement)
             tasks.append(Task { await self.follow(events, groupTag: configuration.groupTag) })
         }
         return port
+    }
+
+    /// Opens a sync session over a transport the app runs (MultipeerConnectivity, Network.framework,
+    /// a WebSocket…): bytes in, bytes out, with the same catch-up, deltas and checks as TCP. Turns
+    /// sync on without TCP if it is off. See ``SyncSession``.
+    public func openSession(address: String, initiator: Bool) async throws -> SyncSession {
+        if replicator == nil { try await startSync(SyncConfiguration(security: .insecure, listen: nil)) }
+        return await SyncSession.open(on: replicator!, address: address, initiator: initiator)
     }
 
     /// Dials discovered peers of this group and protocol version — only those with a higher
@@ -231,41 +233,48 @@ public actor Replica {
                     logger.debug("ignoring a discovered node of another group or version", metadata: ["dnssd.name": "\(peer.serviceName)"])
                     continue
                 }
-                let address = "\(peer.host):\(peer.port)"
+                let address = PeerAddress(host: peer.host, port: peer.port)
                 guard id > replicaID, dialedDiscovered[id] != address else { continue }
                 dialedDiscovered[id] = address
                 logger.info("discovered a peer", metadata: ["peer.id": "\(id.shortDescription)", "peer.address": "\(address)"])
-                await node?.addPeer(host: peer.host, port: Int(peer.port))
+                await node?.addPeer(address)
             case .lost:
-                break  // liveness comes from the TCP session, not from DNS-SD
+                break  // liveness comes from the session, not from DNS-SD
             case .unavailable(let error):
-                logger.warning("discovery unavailable: \(error); static peers (--peer) still work")
+                logger.warning("discovery unavailable: \(error); static peers still work")
             case .recovered:
                 logger.info("discovery available again")
             }
         }
     }
 
-    /// Adds a peer to dial while sync runs (e.g. one found by discovery).
-    public func addPeer(host: String, port: Int) async {
-        await node?.addPeer(host: host, port: port)
+    /// Adds a peer to dial while sync runs over TCP (e.g. one found by discovery).
+    public func addPeer(_ address: PeerAddress) async {
+        await node?.addPeer(address)
     }
 
     /// The connected peers (empty with sync off).
     public func peers() async -> [PeerStatus] {
-        await node?.peers() ?? []
+        await replicator?.peers() ?? []
     }
 
-    /// Turns sync off. Everything stays local and usable.
+    /// Bytes and frames of every session so far (zero with sync off).
+    public func traffic() async -> TrafficCounters {
+        await replicator?.traffic() ?? TrafficCounters()
+    }
+
+    /// Turns sync off: a goodbye to every peer (flushed before each connection closes), then
+    /// everything stays local and usable.
     public func stopSync() async {
-        let node = self.node
+        let (node, replicator) = (self.node, self.replicator)
         self.node = nil
+        self.replicator = nil
         discovery?.stop()
         discovery = nil
         dialedDiscovered = [:]
         for task in tasks { task.cancel() }
         tasks = []
-        await node?.stop()
+        if let node { await node.stop() } else { await replicator?.shutdown() }
         peerNames = [:]
         setStatus(.disabled)
     }
@@ -276,16 +285,16 @@ public actor Replica {
         do {
             for try await change in store.externalChanges() {
                 if let delta = change.delta {
-                    await node?.broadcast(delta)
+                    await replicator?.broadcast(delta)
                     publish(ReplicaChange(origin: .otherProcess, records: Set(delta.allRecords.map(\.0))))
                 } else {
-                    await node?.resyncAll()
+                    await replicator?.resyncAll()
                     publish(ReplicaChange(origin: .otherProcess, records: []))
                 }
             }
         } catch {
             logger.error("cannot read the store", metadata: ["error": "\(error)"])
-            setStatus(.error("\(error)"))
+            setStatus(.error(.storage("\(error)")))
         }
     }
 
@@ -301,7 +310,7 @@ public actor Replica {
                 peerNames[info.replicaID] = nil
                 if peerNames.isEmpty { setStatus(.connecting) }
             case .sessionRefused(let address, let reason):
-                if peerNames.isEmpty { setStatus(.error("\(address): \(reason)")) }
+                if peerNames.isEmpty { setStatus(.error(.session(address: address, reason: reason))) }
             case .catchUpProgress(_, let chunk, let chunks, _):
                 setStatus(.syncing(progress: Double(chunk) / Double(max(chunks, 1))))
             case .converged:

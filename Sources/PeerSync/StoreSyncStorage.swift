@@ -3,7 +3,7 @@ import PeerSyncModel
 import PeerSyncSession
 import PeerSyncStore
 
-/// Lets a ``SyncNode`` read and write a ``ReplicaStore``: remote deltas commit in one
+/// Lets sync (``Replicator``) read and write a ``ReplicaStore``: remote deltas commit in one
 /// transaction each.
 public struct StoreSyncStorage: SyncStorage {
     public let store: ReplicaStore
@@ -14,7 +14,7 @@ public struct StoreSyncStorage: SyncStorage {
 
     public func snapshot() -> ReplicaState { store.state }
 
-    public func applyRemote(_ deltas: [RecordMap], from peer: String) throws -> MergeOutcome {
-        try store.applyRemote(deltas, from: peer)
+    public func applyRemote(_ deltas: [RecordMap], from origin: String) throws -> [MergeOutcome] {
+        try store.applyRemoteEach(deltas, from: origin)
     }
 }

@@ -15,7 +15,7 @@ public enum SessionProbe {
         public let clockOffsetMilliseconds: Int64?
     }
 
-    public static func probe(host: String, port: Int, security: SessionSecurity, timeout: Duration = .seconds(3)) async -> Result {
+    public static func probe(_ address: PeerAddress, security: SessionSecurity, timeout: Duration = .seconds(3)) async -> Result {
         let tls: TLSContexts?
         do {
             if case .groupSecret(let secret) = security { tls = try TLSContexts(secret: secret) } else { tls = nil }
@@ -24,8 +24,8 @@ public enum SessionProbe {
         }
         do {
             let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-                .connectTimeout(.milliseconds(Int64(timeout.components.seconds * 1000 + timeout.components.attoseconds / 1_000_000_000_000_000)))
-                .connect(host: host, port: port) { channel in
+                .connectTimeout(.milliseconds(timeout.wholeMilliseconds))
+                .connect(host: address.host, port: Int(address.port)) { channel in
                     channel.eventLoop.makeCompletedFuture {
                         try SyncNode.configurePipeline(channel, tls: tls?.client, dialed: true, maxFrame: WireLimits.defaultMaxFrameBytes)
                     }
@@ -55,7 +55,7 @@ public enum SessionProbe {
                               clockOffsetMilliseconds: nil)
             }
         } catch {
-            return Result(hello: nil, failure: SyncNode.describe(error), clockOffsetMilliseconds: nil)
+            return Result(hello: nil, failure: SyncNode.classify(error).description, clockOffsetMilliseconds: nil)
         }
     }
 }

@@ -1,23 +1,80 @@
 import PeerSyncCRDT
 import PeerSyncModel
+import PeerSyncWire
 
-/// What a ``SyncNode`` needs from the replica's storage. The engine supplies it (the session
-/// layer never touches SQLite itself).
+/// What sync needs from the replica's storage. The engine supplies it (the session layer never
+/// touches SQLite itself); tests supply an in-memory one.
 public protocol SyncStorage: Sendable {
-    /// The replica's current state (a snapshot).
+    /// The replica's current committed state (a snapshot; cheap).
     func snapshot() -> ReplicaState
-    /// Joins deltas received from a peer, durably, in one transaction; returns what changed.
-    func applyRemote(_ deltas: [RecordMap], from peer: String) throws -> MergeOutcome
+    /// Joins deltas received from peers, durably, in one transaction (all or none); returns
+    /// what each delta changed, in order.
+    func applyRemote(_ deltas: [RecordMap], from origin: String) throws -> [MergeOutcome]
+}
+
+/// Names one session (a connection, or an app transport's session) within a node.
+public struct SessionID: Hashable, Comparable, Sendable, CustomStringConvertible {
+    public let rawValue: UInt64
+    public init(_ rawValue: UInt64) { self.rawValue = rawValue }
+    public static func < (lhs: SessionID, rhs: SessionID) -> Bool { lhs.rawValue < rhs.rawValue }
+    public var description: String { "s\(rawValue)" }
+}
+
+/// How a session came to be.
+public struct SessionOrigin: Sendable, Hashable {
+    /// Where the peer is: `host:port` for TCP, the app's name for its own transports.
+    public let address: String
+    /// Whether this side opened it (dialed). Decides which of two sessions between the same
+    /// pair survives.
+    public let initiator: Bool
+
+    public init(address: String, initiator: Bool) {
+        self.address = address
+        self.initiator = initiator
+    }
+}
+
+/// Why a session ended, or why it never started.
+public enum SessionEndReason: Sendable, Equatable, CustomStringConvertible {
+    /// The peer said goodbye or sent an error frame.
+    case peerClosed(CloseReason, detail: String)
+    /// This node closed the session: the peer broke a rule or failed a check (detail says which).
+    case refused(CloseReason, detail: String)
+    /// The TLS handshake failed: another group's or a wrong key, or not a PeerSync node.
+    case handshakeFailed(detail: String)
+    /// The connection could not be opened.
+    case unreachable(detail: String)
+    /// The connection ended without a goodbye.
+    case connectionLost(detail: String)
+    /// Another session with the same peer was kept.
+    case duplicate
+    /// This node is shutting down, or sync was turned off.
+    case localShutdown
+    /// The local store could not persist what the peer sent.
+    case storageFailed(detail: String)
+
+    public var description: String {
+        switch self {
+        case .peerClosed(let reason, let detail): "peer closed the session (\(reason))" + (detail.isEmpty ? "" : ": \(detail)")
+        case .refused(let reason, let detail): "refused (\(reason)): \(detail)"
+        case .handshakeFailed(let detail): "TLS handshake failed (another group, a wrong key, or not a PeerSync node): \(detail)"
+        case .unreachable(let detail): "cannot connect: \(detail)"
+        case .connectionLost(let detail): "connection lost" + (detail.isEmpty ? "" : ": \(detail)")
+        case .duplicate: "duplicate connection (another one to this peer is kept)"
+        case .localShutdown: "shutting down"
+        case .storageFailed(let detail): "local storage failed: \(detail)"
+        }
+    }
 }
 
 /// Something a node did that an app or a person may want to know.
 public enum NodeEvent: Sendable {
-    case listening(port: Int)
+    case listening(port: UInt16)
     case peerConnected(PeerInfo)
-    case peerDisconnected(PeerInfo, reason: String)
-    /// A connection attempt or handshake to `address` failed.
-    case sessionRefused(address: String, reason: String)
-    /// Catch-up from a peer: `chunk` of `chunks` applied, `records` in this chunk.
+    case peerDisconnected(PeerInfo, reason: SessionEndReason)
+    /// A connection attempt or handshake to `address` failed before the peer was known.
+    case sessionRefused(address: String, reason: SessionEndReason)
+    /// Catch-up from a peer: `chunk` of `chunks` received, `records` in this chunk.
     case catchUpProgress(PeerInfo, chunk: Int, chunks: Int, records: Int)
     /// Digests are equal: this node and the peer hold the same state.
     case converged(PeerInfo, digest: StateDigest)
@@ -30,21 +87,30 @@ public struct PeerInfo: Sendable, Hashable {
     public let replicaID: ReplicaID
     public let name: String
     public let address: String
-    /// Whether this node dialed the connection.
+    /// Whether this node opened the session.
     public let dialed: Bool
+
+    public init(replicaID: ReplicaID, name: String, address: String, dialed: Bool) {
+        self.replicaID = replicaID
+        self.name = name
+        self.address = address
+        self.dialed = dialed
+    }
 }
 
-/// A peer's connection state, for status displays.
+/// A peer's session state, for status displays.
 public struct PeerStatus: Sendable {
     public let info: PeerInfo
-    /// When digests were last found equal (wall-clock ms), if ever in this session.
-    public let lastConvergedAt: UInt64?
+    /// When digests were last found equal, if ever in this session.
+    public let lastConvergedAt: Date?
+    /// Framed bytes sent to and received from the peer in this session (TLS overhead excluded).
     public let bytesSent: Int
     public let bytesReceived: Int
 }
 
-/// Bytes and frames that crossed a node's sockets (TLS records included).
+/// Bytes and frames that crossed a node's sessions.
 public struct TrafficCounters: Sendable, Equatable {
+    /// Bytes on the sockets, TLS records included (TCP sessions only).
     public var bytesSent = 0
     public var bytesReceived = 0
     public var framesSent = 0

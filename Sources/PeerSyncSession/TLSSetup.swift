@@ -23,7 +23,9 @@ struct TLSContexts: Sendable {
 
     static let cipherSuites = "ECDHE-PSK-CHACHA20-POLY1305:ECDHE-PSK-AES256-CBC-SHA"
 
-    init(secret: GroupSecret) throws {
+    /// `onRefusedIdentity` is called (on a NIO thread) when a client presents another group's
+    /// PSK identity, so the refusal is logged with its cause.
+    init(secret: GroupSecret, onRefusedIdentity: @escaping @Sendable (String) -> Void = { _ in }) throws {
         let key = secret.preSharedKey
         let identity = "peersync/" + secret.groupTag
         var serverConfiguration = TLSConfiguration.makePreSharedKeyConfiguration()
@@ -33,7 +35,10 @@ struct TLSContexts: Sendable {
         serverConfiguration.pskHint = "peersync"
         serverConfiguration.pskServerProvider = { context in
             // A client of another group presents another tag; refusing here fails its handshake.
-            guard context.clientIdentity == identity else { throw TLSSetupError.otherGroup }
+            guard context.clientIdentity == identity else {
+                onRefusedIdentity(context.clientIdentity)
+                throw TLSSetupError.otherGroup
+            }
             var bytes = NIOSSLSecureBytes()
             bytes.append(contentsOf: key)
             return PSKServerIdentityResponse(key: bytes)

@@ -211,13 +211,20 @@ public final class ReplicaStore: Sendable {
     /// Joins several deltas (consecutive catch-up chunks) in one transaction: all or none.
     @discardableResult
     public func applyRemote(_ deltas: [RecordMap], from origin: String) throws(StoreError) -> MergeOutcome {
+        var outcome = MergeOutcome()
+        for each in try applyRemoteEach(deltas, from: origin) { outcome.absorb(each) }
+        return outcome
+    }
+
+    /// Joins several deltas in one transaction (all or none) and reports what each one changed,
+    /// in order (a group commit of deltas from several peers).
+    public func applyRemoteEach(_ deltas: [RecordMap], from origin: String) throws(StoreError) -> [MergeOutcome] {
         do {
             return try transaction(origin: origin) { state in
                 let before = state.context
-                var outcome = MergeOutcome()
-                for delta in deltas { outcome.absorb(state.apply(delta)) }
-                let changed = !outcome.isEmpty || state.context != before
-                return (outcome, changed ? deltas : [])
+                let outcomes = deltas.map { state.apply($0) }
+                let changed = outcomes.contains { !$0.isEmpty } || state.context != before
+                return (outcomes, changed ? deltas : [])
             }
         } catch {
             throw StoreError.wrap(error, path: path)

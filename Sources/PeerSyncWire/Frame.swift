@@ -91,6 +91,8 @@ public struct FrameSplitter {
 public enum WireLimits {
     /// Largest frame a node accepts unless it announces otherwise: 4 MiB.
     public static let defaultMaxFrameBytes = 4 << 20
+    /// Smallest frame limit a node may announce.
+    public static let minimumMaxFrameBytes = 64 << 10
     /// Catch-up chunks stay below this many encoded bytes (well under the frame limit).
     public static let chunkTargetBytes = 256 << 10
     /// Protocol version spoken by this build. Peers with another version are refused.

@@ -87,6 +87,12 @@ public final class WireDictionary {
         return name
     }
 
+    /// Whether `id` is already defined in this direction (a reference then costs ≤ 3 bytes).
+    public func knows(_ id: ReplicaID) -> Bool { replicaIndex[id] != nil }
+
+    /// Whether `name` is already defined in this direction.
+    public func knows(name: String) -> Bool { nameIndex[name] != nil }
+
     /// `zigzag(physical − last physical)`, then `varint(logical)`.
     func writeTimestamp(_ t: HLCTimestamp, to out: inout [UInt8]) {
         let difference = Int64(bitPattern: t.physicalMilliseconds &- lastPhysical)

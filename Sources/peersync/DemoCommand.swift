@@ -22,16 +22,16 @@ struct Demo: AsyncParsableCommand {
         var directories: [String] = []
         defer { for d in directories { try? FileManager.default.removeItem(atPath: d) } }
         print("PeerSync demo: \(replicas) replicas, one sync group (invite code \(secret.inviteCode.prefix(9))…), TLS on 127.0.0.1\n")
-        var ports: [Int] = []
+        var ports: [UInt16] = []
         for i in 0..<replicas {
             let dir = FileManager.default.temporaryDirectory.appendingPathComponent("peersync-demo-\(UUID().uuidString)").path
             directories.append(dir)
             let replica = try Replica(store: ReplicaStore.create(directory: dir, name: names[i]), directory: dir, logger: logger)
             nodes.append(replica)
-            ports.append(try await replica.startSync(SyncConfiguration(security: .groupSecret(secret), listenHost: "127.0.0.1")))
+            ports.append(try await replica.startSync(SyncConfiguration(security: .groupSecret(secret), listen: PeerAddress(host: "127.0.0.1", port: 0))))
         }
         for (i, replica) in nodes.enumerated() where i > 0 {
-            await replica.addPeer(host: "127.0.0.1", port: ports[i - 1])
+            await replica.addPeer(PeerAddress(host: "127.0.0.1", port: ports[i - 1]))
         }
         print("connected in a chain: " + names.prefix(replicas).joined(separator: " — ") + " (no direct link between the ends)\n")
         // A shared location, then concurrent edits everywhere.

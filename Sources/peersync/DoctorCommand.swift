@@ -38,7 +38,7 @@ struct Doctor: AsyncParsableCommand {
         } else {
             do {
                 let channel = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
-                    .bind(host: address.host, port: address.port).get()
+                    .bind(host: address.host, port: Int(address.port)).get()
                 try await channel.close()
                 report(true, "port \(address.port) on \(address.host) is free for `peersync run` (no node running on this store)")
             } catch {
@@ -81,7 +81,7 @@ struct Doctor: AsyncParsableCommand {
         }
         for text in peers {
             let peer = try parseHostPort(text)
-            let result = await SessionProbe.probe(host: peer.host, port: peer.port, security: security)
+            let result = await SessionProbe.probe(peer, security: security)
             if let hello = result.hello {
                 let offset = Double(result.clockOffsetMilliseconds ?? 0) / 1000
                 report(true, "peer \(text): \(hello.name) (\(hello.replicaID.shortDescription)), protocol \(hello.protocolVersion), clock offset \(String(format: "%+.1f", offset)) s")

@@ -78,14 +78,13 @@ func parseUUID(_ text: String, _ what: String) throws -> UUID {
     return id
 }
 
-func parseHostPort(_ text: String) throws -> (host: String, port: Int) {
-    guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65_535).contains(port) else {
-        throw CLIError("\"\(text)\" is not HOST:PORT (e.g. 192.168.1.20:7946)")
+/// `HOST:PORT` (or `[IPv6]:PORT`) as a ``PeerAddress``, with a one-line error otherwise.
+func parseHostPort(_ text: String) throws -> PeerAddress {
+    do {
+        return try PeerAddress(parsing: text)
+    } catch {
+        throw CLIError("\(error) (write HOST:PORT, e.g. 192.168.1.20:7946)")
     }
-    var host = String(text[..<colon])
-    if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
-    guard !host.isEmpty else { throw CLIError("\"\(text)\" has no host") }
-    return (host, port)
 }
 
 /// Seconds from "8h", "7h30m", "90m", "45s", "3600" or ISO 8601 "PT8H".

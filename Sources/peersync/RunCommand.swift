@@ -37,12 +37,16 @@ struct Run: AsyncParsableCommand {
         let replica = Replica(store: store, directory: options.directory, logger: logger)
         let service = NodeService(
             replica: replica, statusFile: (options.directory as NSString).appendingPathComponent("node.json"),
-            configuration: SyncConfiguration(security: security, listenHost: listenAddress.host, listenPort: listenAddress.port,
-                                             peers: peerAddresses, maxClockSkew: .seconds(maxClockSkew),
-                                             discovery: !noDiscovery),
+            configuration: configuration(security: security, listen: listenAddress, peers: peerAddresses),
             insecure: insecure, logger: logger)
         let group = ServiceGroup(services: [service], gracefulShutdownSignals: [.sigterm, .sigint], cancellationSignals: [], logger: logger)
         try await group.run()
+    }
+
+    func configuration(security: SessionSecurity, listen: PeerAddress, peers: [PeerAddress]) -> SyncConfiguration {
+        var timing = SyncTiming()
+        timing.maxClockSkew = .seconds(maxClockSkew)
+        return SyncConfiguration(security: security, listen: listen, peers: peers, discovery: !noDiscovery, timing: timing)
     }
 }
 
@@ -108,14 +112,14 @@ struct NodeService: Service {
         }
     }
 
-    func writeStatus(port: Int, started: Date) async {
+    func writeStatus(port: UInt16, started: Date) async {
         let peers = await replica.peers().map { p in
             NodeStatusFile.Peer(
                 replicaID: p.info.replicaID.description, name: p.info.name, address: p.info.address, dialed: p.info.dialed,
-                lastConvergedAt: p.lastConvergedAt.map { Date(timeIntervalSince1970: Double($0) / 1000) },
+                lastConvergedAt: p.lastConvergedAt,
                 bytesSent: p.bytesSent, bytesReceived: p.bytesReceived)
         }
-        let status = NodeStatusFile(pid: getpid(), listen: "\(configuration.listenHost):\(port)", insecure: insecure,
+        let status = NodeStatusFile(pid: getpid(), listen: "\(configuration.listen?.host ?? "-"):\(port)", insecure: insecure,
                                     startedAt: started, updatedAt: Date(), peers: peers)
         let encoder = JSONEncoder()
         encoder.dateEncodingStrategy = .iso8601

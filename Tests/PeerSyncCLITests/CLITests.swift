@@ -106,7 +106,7 @@ struct CLITests {
         let discoveryLines = lines.filter { $0.contains("discovery unavailable") }
         #expect(discoveryLines.count == 1, "\(lines)")
         #expect(discoveryLines.first?.contains("no avahi daemon reachable") == true)
-        #expect(discoveryLines.first?.contains("--peer") == true)
+        #expect(discoveryLines.first?.contains("static peers still work") == true)
     }
 
     @Test("three `peersync run` nodes converge; one is killed with SIGKILL, edits go on, it restarts and catches up")

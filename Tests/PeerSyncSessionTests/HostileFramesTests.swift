@@ -14,10 +14,10 @@ import Testing
 @Suite("Hostile frames", .serialized)
 struct HostileFramesTests {
     /// Opens a connection and writes `chunks` of bytes, then closes.
-    static func send(_ chunks: [[UInt8]], to port: Int, tls: NIOSSLContext?) async throws {
+    static func send(_ chunks: [[UInt8]], to port: UInt16, tls: NIOSSLContext?) async throws {
         let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .connectTimeout(.seconds(3))
-            .connect(host: "127.0.0.1", port: port) { channel in
+            .connect(host: "127.0.0.1", port: Int(port)) { channel in
                 channel.eventLoop.makeCompletedFuture {
                     if let tls {
                         try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: tls, serverHostname: nil))
@@ -88,7 +88,7 @@ struct HostileFramesTests {
         try await secure.start()
         try await insecure.start()
         try await honest.start()
-        await honest.node.addPeer(host: "127.0.0.1", port: secure.port)
+        await honest.node.addPeer(.loopback(secure.port))
         #expect(await eventually { allConverged([secure, honest]) })
         let digests = (secure.digest, insecure.digest)
         let tls = try TLSContexts(secret: secret).client

@@ -31,7 +31,7 @@ struct SyncTests {
         defer { Task { await a.shutdown(); await b.shutdown() } }
         try await a.start()
         try await b.start()
-        await b.node.addPeer(host: "127.0.0.1", port: a.port)
+        await b.node.addPeer(.loopback(a.port))
         #expect(await eventually {
             let (pa, pb) = (await a.node.peers(), await b.node.peers())
             return !pa.isEmpty && !pb.isEmpty
@@ -52,7 +52,7 @@ struct SyncTests {
         defer { let all = replicas; Task { for r in all { await r.shutdown() } } }
         for r in replicas { try await r.start() }
         for (i, r) in replicas.enumerated() {
-            for other in replicas[..<i] { await r.node.addPeer(host: "127.0.0.1", port: other.port) }
+            for other in replicas[..<i] { await r.node.addPeer(.loopback(other.port)) }
         }
         #expect(await eventually {
             for r in replicas where await r.node.peers().count < 4 { return false }
@@ -85,7 +85,7 @@ struct SyncTests {
         }
         try await a.start()
         try await b.start()
-        await b.node.addPeer(host: "127.0.0.1", port: a.port)
+        await b.node.addPeer(.loopback(a.port))
         #expect(await eventually { allConverged([a, b]) })
         let fullStateBytes = await b.node.traffic().bytesReceived
         // B goes offline; both sides edit.
@@ -101,7 +101,7 @@ struct SyncTests {
         // B comes back (a new node on the same store) and reconnects.
         try await b.restartNode()
         try await b.start()
-        await b.node.addPeer(host: "127.0.0.1", port: a.port)
+        await b.node.addPeer(.loopback(a.port))
         #expect(await eventually { allConverged([a, b]) })
         let reconnectBytes = await b.node.traffic().bytesReceived
         print("reconnect: \(reconnectBytes) bytes received vs \(fullStateBytes) for the full state")
@@ -118,8 +118,8 @@ struct SyncTests {
         try await a.start()
         try await b.start()
         try await c.start()
-        await a.node.addPeer(host: "127.0.0.1", port: b.port)
-        await c.node.addPeer(host: "127.0.0.1", port: b.port)
+        await a.node.addPeer(.loopback(b.port))
+        await c.node.addPeer(.loopback(b.port))
         #expect(await eventually { await b.node.peers().count == 2 })
         let location = Location(name: "Only on A")
         try await a.write { try $0.save(location) }
@@ -139,10 +139,10 @@ struct SyncTests {
         let digests = (a.digest, stranger.digest)
         try await a.start()
         let events = stranger.node.events()
-        await stranger.node.addPeer(host: "127.0.0.1", port: a.port)
+        await stranger.node.addPeer(.loopback(a.port))
         var refusal: String?
         for await event in events {
-            if case .sessionRefused(_, let reason) = event { refusal = reason; break }
+            if case .sessionRefused(_, let reason) = event { refusal = reason.description; break }
         }
         #expect(refusal?.contains("TLS handshake failed") == true, "\(refusal ?? "no refusal")")
         let (peersA, peersStranger) = (await a.node.peers(), await stranger.node.peers())
@@ -160,14 +160,14 @@ struct SyncTests {
         defer { Task { await a.shutdown(); await ahead.shutdown(); await close.shutdown() } }
         try await a.start()
         let events = ahead.node.events()
-        await ahead.node.addPeer(host: "127.0.0.1", port: a.port)
+        await ahead.node.addPeer(.loopback(a.port))
         var refusal: String?
         for await event in events {
-            if case .sessionRefused(_, let reason) = event { refusal = reason; break }
+            if case .sessionRefused(_, let reason) = event { refusal = reason.description; break }
         }
         #expect(refusal?.contains("clock offset 1 h 0 min") == true, "\(refusal ?? "none")")
         try await close.write { try $0.save(Location(name: "from a minute ahead")) }
-        await close.node.addPeer(host: "127.0.0.1", port: a.port)
+        await close.node.addPeer(.loopback(a.port))
         #expect(await eventually { allConverged([a, close]) })
     }
 }

@@ -8,7 +8,7 @@ final class TestReplica: @unchecked Sendable {
     let directory: String
     let store: ReplicaStore
     var node: SyncNode
-    var port = 0
+    var port: UInt16 = 0
     let name: String
     let security: SessionSecurity
     let wallClock: @Sendable () -> UInt64
@@ -33,13 +33,13 @@ final class TestReplica: @unchecked Sendable {
         var logger = Logger(label: "test.\(name)")
         logger.logLevel = ProcessInfo.processInfo.environment["PEERSYNC_TEST_LOG"] == nil ? .critical : .debug
         return try SyncNode(
-            storage: StoreSyncStorage(store), replicaID: store.replicaID,
-            configuration: .init(name: name, security: security, deadPeerTimeout: .seconds(5), wallClock: wallClock),
+            storage: StoreSyncStorage(store), replicaID: store.replicaID, name: name,
+            configuration: SyncConfiguration(security: security, listen: .loopback(0), wallClock: wallClock),
             logger: logger)
     }
 
     @discardableResult
-    func start() async throws -> Int {
+    func start() async throws -> UInt16 {
         port = try await node.start()
         return port
     }

@@ -1,0 +1,163 @@
+import PeerSyncCRDT
+import PeerSyncWire
+
+/// A TCP endpoint: a host name or IP address and a port.
+///
+/// The one type for "where a peer is" and "where to listen" in PeerSync's API.
+public struct PeerAddress: Hashable, Sendable, CustomStringConvertible {
+    public var host: String
+    public var port: UInt16
+
+    public init(host: String, port: UInt16) {
+        self.host = host
+        self.port = port
+    }
+
+    /// Parses `host:port`, `[ipv6]:port`, or `host` alone when `defaultPort` is given.
+    ///
+    /// - Throws: ``AddressError`` naming what is wrong with `text`.
+    public init(parsing text: String, defaultPort: UInt16? = nil) throws(AddressError) {
+        var host = Substring(text)
+        var portText: Substring?
+        if host.hasPrefix("[") {
+            guard let close = host.firstIndex(of: "]") else { throw AddressError(text: text, problem: "missing ']'") }
+            let rest = host[host.index(after: close)...]
+            host = host[host.index(after: host.startIndex)..<close]
+            if !rest.isEmpty {
+                guard rest.first == ":" else { throw AddressError(text: text, problem: "expected ':' after ']'") }
+                portText = rest.dropFirst()
+            }
+        } else if let colon = host.lastIndex(of: ":") {
+            portText = host[host.index(after: colon)...]
+            host = host[..<colon]
+        }
+        guard !host.isEmpty else { throw AddressError(text: text, problem: "no host") }
+        if let portText {
+            guard let port = UInt16(portText) else {
+                throw AddressError(text: text, problem: "port '\(portText)' is not a number from 0 to 65535")
+            }
+            self.init(host: String(host), port: port)
+        } else if let defaultPort {
+            self.init(host: String(host), port: defaultPort)
+        } else {
+            throw AddressError(text: text, problem: "no port (write HOST:PORT)")
+        }
+    }
+
+    public var description: String { host.contains(":") ? "[\(host)]:\(port)" : "\(host):\(port)" }
+
+    /// `127.0.0.1:port`.
+    public static func loopback(_ port: UInt16) -> PeerAddress { PeerAddress(host: "127.0.0.1", port: port) }
+}
+
+/// An address that could not be parsed.
+public struct AddressError: Error, Sendable, Equatable, CustomStringConvertible {
+    public let text: String
+    public let problem: String
+    public var description: String { "invalid address '\(text)': \(problem)" }
+}
+
+/// Exponential backoff with jitter: `first`, doubling up to `max`, each delay scaled by a random
+/// factor in `1 ± jitter`.
+public struct Backoff: Sendable, Equatable {
+    public var first: Duration
+    public var max: Duration
+    /// Relative jitter, 0...1 (0.2 = ±20 %).
+    public var jitter: Double
+
+    public init(first: Duration, max: Duration, jitter: Double = 0.2) {
+        self.first = first
+        self.max = max
+        self.jitter = jitter
+    }
+
+    /// The delay before attempt `failures + 1`; `unit` is a random number in `-1...1`.
+    public func delay(afterFailures failures: Int, unit: Double) -> Duration {
+        var base = first
+        for _ in 0..<Swift.max(0, Swift.min(failures, 62)) where base < max { base = Swift.min(base * 2, max) }
+        let factor = 1 + jitter * Swift.min(1, Swift.max(-1, unit))
+        return base * factor
+    }
+}
+
+/// The timers of sync. Every duration runs on the monotonic clock; only the skew bound compares
+/// wall clocks.
+public struct SyncTiming: Sendable, Equatable {
+    /// Peers whose wall clock differs by more are refused at hello; deltas stamped further ahead
+    /// than this are refused.
+    public var maxClockSkew: Duration = .seconds(300)
+    /// A session that has sent nothing for this long sends a ping.
+    public var keepaliveInterval: Duration = .seconds(1)
+    /// A session that has received nothing for this long is closed (error reason 8).
+    public var deadPeerTimeout: Duration = .seconds(5)
+    /// After a change, a session quiet for this long exchanges an ack and a digest.
+    public var digestQuietPeriod: Duration = .milliseconds(200)
+    /// A connection whose peer sends no hello within this time is closed.
+    public var handshakeTimeout: Duration = .seconds(10)
+    /// Redialing a static or discovered peer.
+    public var reconnectBackoff = Backoff(first: .milliseconds(200), max: .seconds(5))
+    /// How long a closing session may take to flush its goodbye or error before it is cut.
+    public var closeDrainTimeout: Duration = .seconds(2)
+    /// Period of the node's one shared timer.
+    public var tick: Duration = .milliseconds(100)
+
+    public init() {}
+}
+
+/// Every resource bound of a node, with its default. docs/SECURITY.md lists them.
+public struct SyncLimits: Sendable, Equatable {
+    /// Largest frame this node accepts (announced in its hello); at least 65,536.
+    public var maxFrameBytes: Int = WireLimits.defaultMaxFrameBytes
+    /// Catch-up chunks are cut below this size (and below the peer's announced frame limit).
+    public var chunkTargetBytes: Int = WireLimits.chunkTargetBytes
+    /// Consecutive catch-up chunks received are committed together up to this many bytes.
+    public var catchUpBatchBytes: Int = 32 << 20
+    /// Deltas queued for one peer beyond this many bytes are dropped and replaced by one
+    /// catch-up round computed from what the peer is known to have.
+    public var outboxDeltaBytes: Int = 8 << 20
+
+    public init() {}
+}
+
+/// How changes travel.
+public enum TransferMode: Sendable, Equatable {
+    /// Catch-up of exactly what the peer lacks, then deltas (the default).
+    case deltas
+    /// Every catch-up and every change ships the whole state: the classic state-based CRDT,
+    /// kept as a switch on the same code path for benchmarks.
+    case fullState
+}
+
+/// Everything that configures sync, for ``SyncNode`` and the engine alike.
+public struct SyncConfiguration: Sendable {
+    public var security: SessionSecurity
+    /// Where to accept connections (port 0 picks a free one); nil accepts none.
+    public var listen: PeerAddress?
+    /// Peers to dial and redial, for networks without multicast.
+    public var peers: [PeerAddress]
+    /// Advertise and find peers of the group on the LAN with DNS-SD.
+    public var discovery: Bool
+    /// The name peers see; nil uses the replica's name.
+    public var name: String?
+    public var timing: SyncTiming
+    public var limits: SyncLimits
+    public var transfer: TransferMode
+    /// Wall clock, ms since 1970 — for the HLC and the skew check only (tests inject skew).
+    public var wallClock: @Sendable () -> UInt64
+
+    public init(
+        security: SessionSecurity, listen: PeerAddress? = PeerAddress(host: "0.0.0.0", port: 0), peers: [PeerAddress] = [],
+        discovery: Bool = false, name: String? = nil, timing: SyncTiming = SyncTiming(), limits: SyncLimits = SyncLimits(),
+        transfer: TransferMode = .deltas, wallClock: @escaping @Sendable () -> UInt64 = HybridLogicalClock.wallClock
+    ) {
+        self.security = security
+        self.listen = listen
+        self.peers = peers
+        self.discovery = discovery
+        self.name = name
+        self.timing = timing
+        self.limits = limits
+        self.transfer = transfer
+        self.wallClock = wallClock
+    }
+}

@@ -1,0 +1,167 @@
+import PeerSyncCRDT
+import PeerSyncModel
+import PeerSyncWire
+
+/// What one session still has to send. Control messages are *state*, not a queue (one pending
+/// pong, one ack and one digest at most), so a peer that never reads costs bounded memory;
+/// deltas are joined into one pending delta up to a byte budget, beyond which they are dropped
+/// for one catch-up round computed later from what the peer is known to have.
+struct OutboundQueue {
+    /// The hello, until it is sent (always first).
+    var hello: Hello?
+    var pong: UInt64?
+    var ping: UInt64?
+    var ackDue = false
+    var digestDue = false
+    /// Local and forwarded deltas, joined.
+    var deltas: RecordMap?
+    var deltaBytes = 0
+    /// Deltas were dropped: send `state.delta(missingFrom: delivered)` instead.
+    var resync = false
+    /// The catch-up round being sent, then at most one waiting (a newer one replaces it).
+    var catchUp: CatchUpRound?
+    var nextCatchUp: RecordMap?
+    /// The last message before closing (error or goodbye); nothing is sent after it.
+    var final: Message?
+    /// Send pending deltas before `final` (a goodbye on shutdown); an error goes out at once.
+    var flushBeforeFinal = false
+
+    var hasWork: Bool {
+        hello != nil || pong != nil || ping != nil || ackDue || digestDue || deltas != nil || resync
+            || catchUp != nil || nextCatchUp != nil || final != nil
+    }
+
+    /// Queues a delta; returns false if the budget overflowed and a resync replaces the deltas.
+    @discardableResult
+    mutating func push(delta: RecordMap, limit: Int) -> Bool {
+        if resync { return false }
+        let size = delta.approximateWireBytes
+        if deltaBytes + size > limit {
+            deltas = nil
+            deltaBytes = 0
+            resync = true
+            return false
+        }
+        if deltas == nil { deltas = delta } else { deltas!.merge(delta) }
+        deltaBytes += size
+        return true
+    }
+
+    /// Queues a catch-up round. A round waiting behind the current one is joined with it
+    /// (`replacing`: superseded, for full-state snapshots).
+    mutating func push(catchUp state: RecordMap, replacing: Bool = false) {
+        if catchUp == nil {
+            catchUp = CatchUpRound(state)
+        } else if replacing || nextCatchUp == nil {
+            nextCatchUp = state
+        } else {
+            nextCatchUp!.merge(state)
+        }
+    }
+}
+
+/// A catch-up round in progress: the records of one extract, cut into chunks as they are sent.
+///
+/// The chunk count is fixed when the round starts (every chunk names it), so the cuts are
+/// computed up front from size *bounds* that hold for the dictionary as it will be — it only
+/// grows — which guarantees every chunk fits the peer's frame limit. A record too large for one
+/// frame is split by fields (each field is an independent register) into parts that travel in
+/// chunks of their own; a single field too large for the peer's frames cannot reach it and is
+/// reported in `skipped`.
+struct CatchUpRound {
+    let context: CausalContext
+    private let source: RecordMap
+    private(set) var items: [(RecordKey, RecordState)] = []
+    private(set) var cuts: [Range<Int>] = []
+    var nextChunk = 0
+    private(set) var skipped: [(RecordKey, field: String)] = []
+
+    init(_ state: RecordMap) {
+        context = state.context
+        source = state
+    }
+
+    var isPlanned: Bool { !cuts.isEmpty }
+    var isFinished: Bool { isPlanned && nextChunk >= cuts.count }
+    var chunkCount: Int { cuts.count }
+
+    /// Cuts the records into chunks whose encoded frames stay at or below `limit` bytes.
+    mutating func plan(limit: Int, dictionary: WireDictionary) {
+        // System collections (names starting with "_", e.g. the roster) go first, so entries
+        // that authorise later ones arrive before them.
+        let records = source.allRecords.sorted { ($0.0.collection.hasPrefix("_") ? 0 : 1) < ($1.0.collection.hasPrefix("_") ? 0 : 1) }
+        let budget = limit - WireDelta.chunkOverheadBound - WireDelta.contextSizeBound(context, with: dictionary)
+        var alone = Set<Int>()
+        for (key, state) in records {
+            let bound = WireDelta.encodedSizeBound(of: key, state, with: dictionary)
+            if bound <= budget {
+                items.append((key, state))
+                continue
+            }
+            for part in split(key, state, budget: budget, dictionary: dictionary) {
+                alone.insert(items.count)
+                items.append((key, part))
+            }
+        }
+        var start = 0
+        var size = 0
+        for (index, (key, state)) in items.enumerated() {
+            let bound = WireDelta.encodedSizeBound(of: key, state, with: dictionary)
+            if index > start && (size + bound > budget || alone.contains(index) || alone.contains(index - 1)) {
+                cuts.append(start..<index)
+                start = index
+                size = 0
+            }
+            size += bound
+        }
+        cuts.append(start..<items.count)
+    }
+
+    /// The parts of a record too large for one chunk: fields grouped greedily; presence rides
+    /// with the first part.
+    private mutating func split(_ key: RecordKey, _ state: RecordState, budget: Int, dictionary: WireDictionary) -> [RecordState] {
+        var parts: [RecordState] = []
+        var fields: [String: FieldRegister] = [:]
+        var presence = state.presence
+        for (name, register) in state.fields.sorted(by: { $0.key < $1.key }) {
+            let single = RecordState(fields: [name: register])
+            if WireDelta.encodedSizeBound(of: key, single, with: dictionary) > budget {
+                skipped.append((key, name))
+                continue
+            }
+            var candidate = fields
+            candidate[name] = register
+            if WireDelta.encodedSizeBound(of: key, RecordState(fields: candidate, presence: presence), with: dictionary) > budget {
+                if !fields.isEmpty || !presence.isEmpty { parts.append(RecordState(fields: fields, presence: presence)) }
+                fields = [name: register]
+                presence = [:]
+            } else {
+                fields = candidate
+            }
+        }
+        let current = RecordState(fields: fields, presence: presence)
+        if !current.fields.isEmpty || !current.presence.isEmpty { parts.append(current) }
+        return parts
+    }
+
+    /// The next chunk's records; the last chunk carries the round's context.
+    mutating func nextSlice() -> (records: ArraySlice<(RecordKey, RecordState)>, index: Int, isLast: Bool) {
+        let index = nextChunk
+        nextChunk += 1
+        return (items[cuts[index]], index, index + 1 == cuts.count)
+    }
+}
+
+extension RecordMap {
+    /// A cheap estimate of this delta's encoded size, for queue accounting.
+    var approximateWireBytes: Int {
+        var total = 16 + context.replicas.count * 24
+        for (_, records) in collections {
+            for (_, state) in records {
+                total += 24 + state.presence.count * 12
+                for register in state.fields.values { total += 20 + register.value.encodedSize }
+            }
+        }
+        return total
+    }
+}

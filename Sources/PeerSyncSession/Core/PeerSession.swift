@@ -1,0 +1,206 @@
+import PeerSyncCRDT
+import PeerSyncModel
+import PeerSyncWire
+
+/// A point on the monotonic clock; every liveness and keepalive decision uses it.
+typealias MonotonicInstant = ContinuousClock.Instant
+
+/// One session as the replication core sees it: the inbound rules (``SessionStateMachine``),
+/// what the peer is known to have, timers, and what remains to be sent. A value type with no
+/// I/O; ``ReplicationCore`` owns one per session.
+struct PeerSession {
+    enum Phase: Equatable {
+        case awaitingHello
+        case established
+        /// A last message (goodbye or error) is queued or being flushed; nothing more is read.
+        case closing
+    }
+
+    let id: SessionID
+    let origin: SessionOrigin
+    var phase = Phase.awaitingHello
+    var machine: SessionStateMachine
+    /// Dictionary for what this side sends; starts at this side's hello wall clock.
+    let outbound: WireDictionary
+    var out = OutboundQueue()
+    /// The peer's frame limit (its hello's `maxFrameBytes`; the protocol minimum until then).
+    var peerMaxFrame = WireLimits.minimumMaxFrameBytes
+    /// Dots the peer has: its hello, what it acked, what was sent to it, what it sent.
+    var delivered = CausalContext()
+    /// The replicas the peer has sessions with, as it last said (nil: not known yet).
+    var neighbors: Set<ReplicaID>?
+    let openedAt: MonotonicInstant
+    var lastReceived: MonotonicInstant
+    var lastSent: MonotonicInstant
+    var closingSince: MonotonicInstant?
+    var changedSinceDigest = true
+    /// Wall-clock ms when digests were last equal.
+    var lastConvergedAt: UInt64?
+    var endReason: SessionEndReason?
+    /// `peerConnected` was reported for this session.
+    var announced = false
+    /// Received catch-up chunks waiting to be committed together.
+    var batch: [RecordMap] = []
+    var batchBytes = 0
+    var framesSent = 0
+    var framesReceived = 0
+    var bytesSent = 0
+    var bytesReceived = 0
+    var nextNonce: UInt64 = 0
+
+    init(id: SessionID, origin: SessionOrigin, machine: SessionStateMachine, hello: Hello, now: MonotonicInstant) {
+        self.id = id
+        self.origin = origin
+        self.machine = machine
+        outbound = WireDictionary(startingAt: hello.wallClockMilliseconds)
+        out.hello = hello
+        openedAt = now
+        lastReceived = now
+        lastSent = now
+    }
+
+    var peer: Hello? { machine.peer }
+
+    var info: PeerInfo? {
+        peer.map { PeerInfo(replicaID: $0.replicaID, name: $0.name, address: origin.address, dialed: origin.initiator) }
+    }
+
+    /// Ends the session after `message` (an error now; a goodbye after pending deltas).
+    mutating func close(with message: Message?, reason: SessionEndReason, flushFirst: Bool = false, now: MonotonicInstant) {
+        if endReason == nil { endReason = reason }
+        guard phase != .closing else { return }
+        phase = .closing
+        closingSince = now
+        out.final = message
+        out.flushBeforeFinal = flushFirst
+        out.hello = nil
+        out.catchUp = nil
+        out.nextCatchUp = nil
+        if !flushFirst {
+            out.deltas = nil
+            out.resync = false
+        }
+        out.ackDue = false
+        out.digestDue = false
+        out.ping = nil
+        out.pong = nil
+    }
+}
+
+/// Bytes ready for a session's transport.
+public struct OutboundBatch: Sendable {
+    /// One or more whole frames.
+    public let bytes: [UInt8]
+    public let frames: Int
+    /// Close the transport after writing these bytes (a goodbye or an error was the last frame).
+    public let closeAfter: Bool
+}
+
+extension PeerSession {
+    /// Encodes what is due, up to about `budget` bytes (at least one frame). Marks what it
+    /// encodes as delivered to the peer. Returns nil when there is nothing to send.
+    mutating func nextBatch(
+        budget: Int, state: ReplicaState, neighbors: [ReplicaID], chunkTarget: Int, now: MonotonicInstant,
+        onSkipped: (RecordKey, String) -> Void
+    ) -> OutboundBatch? {
+        var bytes: [UInt8] = []
+        var frames = 0
+        var closeAfter = false
+        func add(_ frame: [UInt8]) {
+            bytes += frame
+            frames += 1
+        }
+        if let hello = out.hello {
+            add(Message.hello(hello).encodedFrame())
+            out.hello = nil
+        }
+        if phase == .established || (phase == .closing && out.flushBeforeFinal) {
+            if let nonce = out.pong {
+                add(Message.pong(nonce).encodedFrame())
+                out.pong = nil
+            }
+            if let nonce = out.ping {
+                add(Message.ping(nonce).encodedFrame())
+                out.ping = nil
+            }
+            if out.ackDue {
+                let ack = Message.ack(state.context, neighbors: neighbors).encodedFrame()
+                if ack.count <= peerMaxFrame { add(ack) }
+                out.ackDue = false
+            }
+            if out.digestDue {
+                add(Message.digest(state.digest, records: UInt64(state.records.recordCount)).encodedFrame())
+                out.digestDue = false
+            }
+            if out.resync {
+                out.resync = false
+                let extract = state.delta(missingFrom: delivered)
+                if let pending = out.deltas { out.push(catchUp: pending) }
+                out.deltas = nil
+                out.deltaBytes = 0
+                out.push(catchUp: extract)
+            }
+            if let delta = out.deltas {
+                out.deltas = nil
+                out.deltaBytes = 0
+                if fitsOneFrame(delta) {
+                    add(Message.delta(WireDelta.encode(delta, with: outbound)).encodedFrame())
+                    delivered.merge(delta.context)
+                } else {
+                    // Too large for the peer's frames: it travels as a catch-up round, which the
+                    // receiver commits whole.
+                    out.push(catchUp: delta)
+                }
+            }
+            if phase == .established {
+                encodeChunks(into: &bytes, frames: &frames, budget: budget, chunkTarget: chunkTarget, onSkipped: onSkipped)
+            }
+        }
+        if phase == .closing, let final = out.final, out.deltas == nil || !out.flushBeforeFinal {
+            add(final.encodedFrame())
+            out.final = nil
+            closeAfter = true
+        } else if phase == .closing && out.final == nil && !out.hasWork {
+            closeAfter = true
+        }
+        guard frames > 0 || closeAfter else { return nil }
+        lastSent = now
+        framesSent += frames
+        bytesSent += bytes.count
+        return OutboundBatch(bytes: bytes, frames: frames, closeAfter: closeAfter)
+    }
+
+    private func fitsOneFrame(_ delta: RecordMap) -> Bool {
+        if delta.approximateWireBytes * 2 < peerMaxFrame { return true }
+        var bound = WireDelta.deltaOverheadBound + WireDelta.contextSizeBound(delta.context, with: outbound)
+        for (key, state) in delta.allRecords {
+            bound += WireDelta.encodedSizeBound(of: key, state, with: outbound)
+            if bound > peerMaxFrame { return false }
+        }
+        return true
+    }
+
+    private mutating func encodeChunks(
+        into bytes: inout [UInt8], frames: inout Int, budget: Int, chunkTarget: Int, onSkipped: (RecordKey, String) -> Void
+    ) {
+        while bytes.count < budget {
+            if out.catchUp == nil, let next = out.nextCatchUp {
+                out.catchUp = CatchUpRound(next)
+                out.nextCatchUp = nil
+            }
+            guard var round = out.catchUp else { return }
+            if !round.isPlanned {
+                round.plan(limit: min(chunkTarget, peerMaxFrame), dictionary: outbound)
+                for (key, field) in round.skipped { onSkipped(key, field) }
+            }
+            let slice = round.nextSlice()
+            let payload = WireDelta.encode(records: slice.records, context: slice.isLast ? round.context : CausalContext(),
+                                           with: outbound)
+            bytes += Message.chunk(index: UInt64(slice.index), count: UInt64(round.chunkCount), records: UInt64(slice.records.count),
+                                   delta: payload).encodedFrame()
+            frames += 1
+            if slice.isLast { delivered.merge(round.context) }
+            out.catchUp = round.isFinished ? nil : round
+        }
+    }
+}

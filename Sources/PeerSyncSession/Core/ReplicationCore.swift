@@ -1,0 +1,482 @@
+import PeerSyncCRDT
+import PeerSyncModel
+import PeerSyncWire
+
+/// Every replication decision of a node, with no sockets, clocks or storage: which session gets
+/// which delta, catch-up rounds, the duplicate-connection rule, forwarding, acks and digests,
+/// keepalive and dead peers, what to commit and when. Events go in (a session opened, a frame,
+/// a commit finished, a local change, a timer tick carrying a monotonic instant and the wall
+/// clock); ``Action``s come out. ``Replicator`` carries them out; tests drive it directly with
+/// in-memory states.
+///
+/// Commits are serialized: while one is in flight, applies from every session queue up and go
+/// together in the next one (group commit).
+struct ReplicationCore {
+    struct Settings {
+        var localReplica: ReplicaID
+        var name: String
+        var timing: SyncTiming
+        var limits: SyncLimits
+        var transfer: TransferMode
+    }
+
+    enum Action {
+        /// The session has bytes to send: its writer should call ``nextBatch``.
+        case wake(SessionID)
+        /// Close the session's transport now (without writing more).
+        case closeTransport(SessionID)
+        /// Persist these deltas in one transaction, then report ``committed`` or ``commitFailed``.
+        case commit(CommitRequest)
+        case event(NodeEvent)
+        case log(CoreLog)
+    }
+
+    struct CommitRequest {
+        let id: UInt64
+        let parts: [ApplyPart]
+        var deltas: [RecordMap] { parts.flatMap(\.deltas) }
+    }
+
+    struct ApplyPart {
+        let session: SessionID
+        let deltas: [RecordMap]
+        /// The peer's last chunk of a round is in here: ack once committed.
+        let endsRound: Bool
+        let origin: String
+    }
+
+    let settings: Settings
+    private(set) var sessions: [SessionID: PeerSession] = [:]
+    private(set) var established: [ReplicaID: SessionID] = [:]
+    private var nextSessionID: UInt64 = 1
+    private var queued: [ApplyPart] = []
+    private var inFlight: CommitRequest?
+    /// Context before the in-flight commit: a delta that adds to it is forwarded.
+    private var contextBeforeCommit = CausalContext()
+    private var nextCommitID: UInt64 = 1
+    private var shuttingDown = false
+
+    init(settings: Settings) {
+        self.settings = settings
+    }
+
+    private var skewMilliseconds: UInt64 { UInt64(max(0, settings.timing.maxClockSkew.wholeMilliseconds)) }
+
+    // MARK: - Sessions opening and ending
+
+    /// A transport is connected: creates the session and queues this side's hello.
+    mutating func open(_ origin: SessionOrigin, now: MonotonicInstant, wallClock: UInt64, state: ReplicaState)
+        -> (SessionID, [Action])
+    {
+        let id = SessionID(nextSessionID)
+        nextSessionID += 1
+        let hello = Hello(replicaID: settings.localReplica, name: settings.name, wallClockMilliseconds: wallClock,
+                          context: state.context, maxFrameBytes: UInt64(settings.limits.maxFrameBytes), digest: state.digest)
+        var session = PeerSession(
+            id: id, origin: origin,
+            machine: SessionStateMachine(localReplica: settings.localReplica, maxClockSkewMilliseconds: skewMilliseconds),
+            hello: hello, now: now)
+        if shuttingDown {
+            session.close(with: .goodbye(.shuttingDown, "node shutting down"), reason: .localShutdown, now: now)
+        }
+        sessions[id] = session
+        return (id, [.wake(id)])
+    }
+
+    /// The transport ended (end of stream, error, or closed after a final frame).
+    mutating func transportEnded(_ id: SessionID, reason: SessionEndReason) -> [Action] {
+        guard let session = sessions.removeValue(forKey: id) else { return [] }
+        var actions: [Action] = []
+        let why = session.endReason ?? reason
+        if let peer = session.peer, established[peer.replicaID] == id {
+            established[peer.replicaID] = nil
+            actions += announceNeighbors()
+        }
+        if session.announced {
+            // A session replaced by a duplicate leaves its peer connected: no disconnect then.
+            if let info = session.info, established[info.replicaID] == nil {
+                actions.append(.log(CoreLog(.info, "peer disconnected", ["peer.id": info.replicaID.shortDescription, "reason": "\(why)"])))
+                actions.append(.event(.peerDisconnected(info, reason: why)))
+            }
+        } else if why != .duplicate {
+            actions.append(.log(CoreLog(refusalLevel(why), "session refused", ["peer.address": session.origin.address, "reason": "\(why)"])))
+            actions.append(.event(.sessionRefused(address: session.origin.address, reason: why)))
+        }
+        return actions
+    }
+
+    /// Whether a refused session is worth a line at info (a person can act on it) or debug
+    /// (a peer that is simply not there).
+    private func refusalLevel(_ reason: SessionEndReason) -> CoreLog.Level {
+        switch reason {
+        case .unreachable, .connectionLost, .localShutdown, .duplicate: .debug
+        default: .warning
+        }
+    }
+
+    /// A frame could not be read: over the limit, or a malformed length.
+    mutating func frameError(_ id: SessionID, _ error: WireError, now: MonotonicInstant) -> [Action] {
+        let reason: CloseReason = if case .frameTooLarge = error { .frameTooLarge } else { .malformed }
+        return refuse(id, reason, "\(error)", now: now)
+    }
+
+    /// Closes a session from this side with an error frame (best effort) and a log line.
+    mutating func refuse(_ id: SessionID, _ reason: CloseReason, _ detail: String, now: MonotonicInstant) -> [Action] {
+        guard var session = sessions[id], session.phase != .closing else { return [] }
+        session.close(with: .error(reason, detail), reason: .refused(reason, detail: detail), now: now)
+        sessions[id] = session
+        return [.log(CoreLog(.warning, "closing session: \(reason)", sessionMetadata(session, ["reason": detail]))), .wake(id)]
+    }
+
+    /// This side ends one session: a goodbye after what is already queued.
+    mutating func closeLocally(_ id: SessionID, now: MonotonicInstant) -> [Action] {
+        guard var session = sessions[id], session.phase != .closing else { return [] }
+        session.close(with: .goodbye(.normal, "session closed"), reason: .localShutdown, flushFirst: true, now: now)
+        sessions[id] = session
+        return [.wake(id)]
+    }
+
+    /// Local shutdown: a goodbye to every session after what is already queued.
+    mutating func shutdown(now: MonotonicInstant) -> [Action] {
+        shuttingDown = true
+        var actions: [Action] = []
+        for id in sessions.keys.sorted() {
+            guard var session = sessions[id], session.phase != .closing else { continue }
+            session.close(with: .goodbye(.shuttingDown, "node shutting down"), reason: .localShutdown, flushFirst: true, now: now)
+            sessions[id] = session
+            actions.append(.wake(id))
+        }
+        return actions
+    }
+
+    // MARK: - Inbound frames
+
+    /// One frame from a session's peer, received when the wall clock read `wallClock`.
+    mutating func receive(
+        _ id: SessionID, type: UInt8, body: [UInt8], now: MonotonicInstant, wallClock: UInt64, state: ReplicaState
+    ) -> [Action] {
+        guard var session = sessions[id], session.phase != .closing else { return [] }
+        session.lastReceived = now
+        session.framesReceived += 1
+        session.bytesReceived += body.count + 1 + Varint.size(of: UInt64(body.count + 1))
+        let decisions = session.machine.receive(type: type, body: body, now: wallClock)
+        sessions[id] = session
+        var actions: [Action] = []
+        for decision in decisions {
+            actions += carryOut(decision, session: id, now: now, wallClock: wallClock, state: state)
+            if sessions[id] == nil || sessions[id]!.phase == .closing { break }
+        }
+        return actions + startCommitIfIdle(state: state)
+    }
+
+    private mutating func carryOut(
+        _ decision: SessionStateMachine.Action, session id: SessionID, now: MonotonicInstant, wallClock: UInt64,
+        state: ReplicaState
+    ) -> [Action] {
+        switch decision {
+        case .send(.pong(let nonce)):
+            sessions[id]!.out.pong = nonce
+            return [.wake(id)]
+        case .send:
+            return []
+        case .established(let hello):
+            return register(id, hello: hello, now: now, state: state)
+        case .applyChunk(let delta, let index, let count, let records):
+            var session = sessions[id]!
+            session.batch.append(delta)
+            session.batchBytes += delta.approximateWireBytes
+            let last = index + 1 == count
+            var actions: [Action] = []
+            if last || session.batchBytes >= settings.limits.catchUpBatchBytes {
+                queued.append(ApplyPart(session: id, deltas: session.batch, endsRound: last, origin: origin(of: session)))
+                session.batch = []
+                session.batchBytes = 0
+            }
+            sessions[id] = session
+            if let info = session.info {
+                actions.append(.event(.catchUpProgress(info, chunk: clampedInt(index) + 1, chunks: clampedInt(count),
+                                                       records: clampedInt(records))))
+            }
+            return actions
+        case .applyDelta(let delta):
+            queued.append(ApplyPart(session: id, deltas: [delta], endsRound: false, origin: origin(of: sessions[id]!)))
+            return []
+        case .acked(let context, let neighbors):
+            sessions[id]!.delivered.merge(context)
+            if let neighbors { sessions[id]!.neighbors = Set(neighbors) }
+            return []
+        case .digest(let digest, _):
+            guard let info = sessions[id]!.info else { return [] }
+            if digest == state.digest {
+                sessions[id]!.lastConvergedAt = wallClock
+                return [.event(.converged(info, digest: digest))]
+            }
+            sessions[id]!.changedSinceDigest = true
+            return []
+        case .close(let reason, let text, let notifyPeer):
+            if notifyPeer { return refuse(id, reason, text, now: now) }
+            var session = sessions[id]!
+            session.close(with: nil, reason: .peerClosed(reason, detail: text), now: now)
+            sessions[id] = session
+            return [.log(CoreLog(.debug, "peer closed the session", sessionMetadata(session, ["reason": "\(reason)", "detail": text]))),
+                    .closeTransport(id)]
+        }
+    }
+
+    private func origin(of session: PeerSession) -> String {
+        "peer:" + (session.peer?.replicaID.shortDescription ?? session.origin.address)
+    }
+
+    /// Admits an established session under the duplicate rule and queues its catch-up.
+    private mutating func register(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: ReplicaState) -> [Action] {
+        var actions: [Action] = []
+        if let existingID = established[hello.replicaID], let existing = sessions[existingID] {
+            // Of two sessions between one pair, the one dialed by the lower replica ID survives
+            // (if both were dialed by the same side, the newer one); both ends decide alike.
+            let newDialer = sessions[id]!.origin.initiator ? settings.localReplica : hello.replicaID
+            let oldDialer = existing.origin.initiator ? settings.localReplica : hello.replicaID
+            let keepNew = newDialer == oldDialer ? true : newDialer < oldDialer
+            let loser = keepNew ? existingID : id
+            var session = sessions[loser]!
+            session.close(with: .goodbye(.duplicateConnection, "another connection to this peer is kept"), reason: .duplicate, now: now)
+            sessions[loser] = session
+            actions.append(.wake(loser))
+            if !keepNew { return actions }
+            established[hello.replicaID] = nil
+        }
+        var session = sessions[id]!
+        session.phase = .established
+        session.peerMaxFrame = Int(min(hello.maxFrameBytes, UInt64(Int32.max)))
+        session.delivered.merge(hello.context)
+        let extract = settings.transfer == .fullState ? state.records : state.delta(missingFrom: hello.context)
+        session.out.push(catchUp: extract)
+        sessions[id] = session
+        session.announced = true
+        sessions[id] = session
+        established[hello.replicaID] = id
+        actions += announceNeighbors()
+        if let info = session.info {
+            actions.append(.log(CoreLog(.info, "peer connected", ["peer.id": hello.replicaID.shortDescription, "peer.name": hello.name,
+                                                                   "peer.dialed": "\(session.origin.initiator)"])))
+            actions.append(.event(.peerConnected(info)))
+        }
+        return actions
+    }
+
+    /// The replicas with an established session, sorted.
+    var neighborList: [ReplicaID] { established.keys.sorted() }
+
+    /// Tells every peer whom this node is connected to now, so they forward only what it lacks.
+    private mutating func announceNeighbors() -> [Action] {
+        var actions: [Action] = []
+        for id in established.values.sorted() {
+            sessions[id]!.out.ackDue = true
+            actions.append(.wake(id))
+        }
+        return actions
+    }
+
+    // MARK: - Commits
+
+    private mutating func startCommitIfIdle(state: ReplicaState) -> [Action] {
+        guard inFlight == nil, !queued.isEmpty else { return [] }
+        let request = CommitRequest(id: nextCommitID, parts: queued)
+        nextCommitID += 1
+        queued = []
+        inFlight = request
+        contextBeforeCommit = state.context
+        return [.commit(request)]
+    }
+
+    /// The in-flight commit is durable; `outcomes` has one entry per delta, in order; `state` is
+    /// the state after it.
+    mutating func committed(_ id: UInt64, outcomes: [MergeOutcome], state: ReplicaState) -> [Action] {
+        guard let request = inFlight, request.id == id else { return [] }
+        inFlight = nil
+        var actions: [Action] = []
+        var index = 0
+        for part in request.parts {
+            var partOutcome = MergeOutcome()
+            for delta in part.deltas {
+                let outcome = index < outcomes.count ? outcomes[index] : MergeOutcome()
+                index += 1
+                partOutcome.absorb(outcome)
+                sessions[part.session]?.delivered.merge(delta.context)
+                let grew = !contextBeforeCommit.includes(delta.context)
+                if !outcome.isEmpty || grew { actions += forward(delta, from: part.session, state: state) }
+            }
+            guard var session = sessions[part.session] else { continue }
+            session.changedSinceDigest = true
+            if part.endsRound {
+                session.out.ackDue = true
+                actions.append(.wake(part.session))
+            }
+            sessions[part.session] = session
+            if !partOutcome.isEmpty, let info = session.info { actions.append(.event(.remoteChange(partOutcome, from: info))) }
+        }
+        return actions + startCommitIfIdle(state: state)
+    }
+
+    /// The in-flight commit failed: nothing of it is stored. Its sessions are closed (their
+    /// peers will send it again on the next session).
+    mutating func commitFailed(_ id: UInt64, error: String, now: MonotonicInstant, state: ReplicaState) -> [Action] {
+        guard let request = inFlight, request.id == id else { return [] }
+        inFlight = nil
+        var actions: [Action] = [.log(CoreLog(.error, "cannot store what peers sent; closing their sessions", ["error": error]))]
+        for session in Set(request.parts.map(\.session)).sorted() {
+            guard var s = sessions[session], s.phase != .closing else { continue }
+            s.close(with: .error(.other, "the receiver's storage failed"), reason: .storageFailed(detail: error), now: now)
+            sessions[session] = s
+            actions.append(.wake(session))
+        }
+        return actions + startCommitIfIdle(state: state)
+    }
+
+    // MARK: - Local changes and forwarding
+
+    /// A committed local change: to every established peer.
+    mutating func broadcast(_ delta: RecordMap, state: ReplicaState) -> [Action] {
+        var actions: [Action] = []
+        for id in established.values.sorted() {
+            enqueue(delta, to: id, state: state)
+            actions.append(.wake(id))
+        }
+        return actions
+    }
+
+    /// The local state was reloaded (another process rewrote much of the store): every peer gets
+    /// what it lacks according to what it is known to have.
+    mutating func resyncAll() -> [Action] {
+        var actions: [Action] = []
+        for id in established.values.sorted() {
+            sessions[id]!.out.resync = true
+            sessions[id]!.changedSinceDigest = true
+            actions.append(.wake(id))
+        }
+        return actions
+    }
+
+    /// Queues a peer's delta to every other peer that lacks it — except a peer that made it or
+    /// that is directly connected to every replica that made it (acks carry neighbour lists).
+    private mutating func forward(_ delta: RecordMap, from source: SessionID, state: ReplicaState) -> [Action] {
+        var actions: [Action] = []
+        let origins = delta.context.replicas
+        for id in established.values.sorted() where id != source {
+            let other = sessions[id]!
+            if !delta.context.isEmpty && other.delivered.includes(delta.context) { continue }
+            if !origins.isEmpty, let peer = other.peer?.replicaID,
+               origins.allSatisfy({ $0 == peer || (other.neighbors?.contains($0) ?? false) }) { continue }
+            enqueue(delta, to: id, state: state)
+            actions.append(.wake(id))
+        }
+        return actions
+    }
+
+    private mutating func enqueue(_ delta: RecordMap, to id: SessionID, state: ReplicaState) {
+        sessions[id]!.changedSinceDigest = true
+        if settings.transfer == .fullState {
+            sessions[id]!.out.push(catchUp: state.records, replacing: true)
+        } else {
+            sessions[id]!.out.push(delta: delta, limit: settings.limits.outboxDeltaBytes)
+        }
+    }
+
+    // MARK: - Timer
+
+    /// The node's one timer: keepalives, acks and digests when quiet, dead peers, handshakes
+    /// that never finish, closings that never flush.
+    mutating func tick(now: MonotonicInstant) -> [Action] {
+        var actions: [Action] = []
+        let timing = settings.timing
+        for id in sessions.keys.sorted() {
+            var session = sessions[id]!
+            switch session.phase {
+            case .closing:
+                if let since = session.closingSince, now - since >= timing.closeDrainTimeout {
+                    actions.append(.closeTransport(id))
+                }
+            case .awaitingHello:
+                if now - session.openedAt >= timing.handshakeTimeout {
+                    actions += refuse(id, .timeout, "no hello within \(formatSeconds(timing.handshakeTimeout.millisecondsDouble / 1000))", now: now)
+                    continue
+                }
+            case .established:
+                let silence = now - session.lastReceived
+                if silence >= timing.deadPeerTimeout {
+                    actions += refuse(id, .timeout, "no frame for \(formatSeconds(silence.millisecondsDouble / 1000))", now: now)
+                    continue
+                }
+                let quiet = now - max(session.lastReceived, session.lastSent)
+                if session.changedSinceDigest, quiet >= timing.digestQuietPeriod {
+                    session.changedSinceDigest = false
+                    session.out.ackDue = true
+                    session.out.digestDue = true
+                    actions.append(.wake(id))
+                } else if now - session.lastSent >= timing.keepaliveInterval, session.out.ping == nil {
+                    session.nextNonce += 1
+                    session.out.ping = session.nextNonce
+                    actions.append(.wake(id))
+                }
+                sessions[id] = session
+            }
+        }
+        return actions
+    }
+
+    // MARK: - Outbound
+
+    /// The next bytes for a session's transport (nil: nothing now). `skipped` reports fields too
+    /// large for the peer's frames.
+    mutating func nextBatch(_ id: SessionID, budget: Int, now: MonotonicInstant, state: ReplicaState) -> (OutboundBatch?, [Action]) {
+        guard var session = sessions[id] else { return (nil, []) }
+        var actions: [Action] = []
+        let neighbors = neighborList
+        let address = session.origin.address
+        let batch = session.nextBatch(
+            budget: budget, state: state, neighbors: neighbors, chunkTarget: settings.limits.chunkTargetBytes, now: now
+        ) { key, field in
+            actions.append(.log(CoreLog(.warning, "a field is too large for the peer's frames and is not sent to it",
+                                        ["record": "\(key)", "field": field, "peer.address": address])))
+        }
+        sessions[id] = session
+        return (batch, actions)
+    }
+
+    /// Whether the session has anything queued.
+    func hasOutput(_ id: SessionID) -> Bool { sessions[id]?.out.hasWork ?? false }
+
+    // MARK: - Status
+
+    func peerStatuses() -> [(PeerInfo, lastConvergedAt: UInt64?, bytesSent: Int, bytesReceived: Int)] {
+        established.values.sorted().compactMap { id in
+            guard let session = sessions[id], let info = session.info else { return nil }
+            return (info, session.lastConvergedAt, session.bytesSent, session.bytesReceived)
+        }
+    }
+
+    func session(_ id: SessionID) -> PeerSession? { sessions[id] }
+
+    private func sessionMetadata(_ session: PeerSession, _ extra: [String: String]) -> [String: String] {
+        var metadata = extra
+        metadata["peer.address"] = session.origin.address
+        if let peer = session.peer { metadata["peer.id"] = peer.replicaID.shortDescription }
+        return metadata
+    }
+}
+
+/// A log line decided by the core; the shell writes it with its logger.
+struct CoreLog: Equatable {
+    enum Level: Equatable { case debug, info, warning, error }
+    let level: Level
+    let message: String
+    let metadata: [String: String]
+
+    init(_ level: Level, _ message: String, _ metadata: [String: String] = [:]) {
+        self.level = level
+        self.message = message
+        self.metadata = metadata
+    }
+}
+
+/// `value` as an `Int`, clamped (peer-supplied counts are informational).
+func clampedInt(_ value: UInt64) -> Int { value > UInt64(Int.max) ? Int.max : Int(value) }

@@ -1,0 +1,296 @@
+import Dispatch
+import Logging
+import PeerSyncCRDT
+import PeerSyncModel
+import PeerSyncWire
+import Synchronization
+
+/// Carries out the replication decisions of one node (``ReplicationCore``) for every session,
+/// whatever its transport: TCP+TLS sessions of ``SyncNode`` and an app's own transports
+/// (``SyncSession``). It owns the node's one timer, commits what peers send on a dedicated
+/// queue (never on the cooperative pool), and wakes session writers when they have output.
+public actor Replicator {
+    public nonisolated let replicaID: ReplicaID
+    public nonisolated let configuration: SyncConfiguration
+    nonisolated let storage: any SyncStorage
+    nonisolated let logger: Logger
+    private var core: ReplicationCore
+    private var transports: [SessionID: Transport] = [:]
+    private var timer: Task<Void, Never>?
+    private var emptyWaiters: [CheckedContinuation<Void, Never>] = []
+    private var closedTraffic = TrafficCounters()
+    private let commitQueue = DispatchQueue(label: "peersync.commit")
+    private nonisolated let subscribers = Mutex<(next: Int, continuations: [Int: AsyncStream<NodeEvent>.Continuation])>((0, [:]))
+
+    private struct Transport {
+        let signal: OutputSignal
+        let close: @Sendable () -> Void
+        let counters: (@Sendable () -> (read: Int, written: Int))?
+    }
+
+    /// A replicator for the replica behind `storage`. Nothing runs until a session opens.
+    public init(storage: any SyncStorage, replicaID: ReplicaID, name: String, configuration: SyncConfiguration, logger: Logger) {
+        self.storage = storage
+        self.replicaID = replicaID
+        self.configuration = configuration
+        var logger = logger
+        logger[metadataKey: "replica"] = "\(replicaID.shortDescription)"
+        self.logger = logger
+        core = ReplicationCore(settings: .init(localReplica: replicaID, name: configuration.name ?? name,
+                                               timing: configuration.timing, limits: configuration.limits,
+                                               transfer: configuration.transfer))
+    }
+
+    // MARK: - Events
+
+    /// What the node does. Each call makes a new subscriber.
+    public nonisolated func events() -> AsyncStream<NodeEvent> {
+        let (stream, continuation) = AsyncStream<NodeEvent>.makeStream(bufferingPolicy: .bufferingNewest(10_000))
+        let id = subscribers.withLock { s in
+            defer { s.next += 1 }
+            s.continuations[s.next] = continuation
+            return s.next
+        }
+        continuation.onTermination = { [weak self] _ in
+            _ = self?.subscribers.withLock { $0.continuations.removeValue(forKey: id) }
+        }
+        return stream
+    }
+
+    nonisolated func emit(_ event: NodeEvent) {
+        for continuation in subscribers.withLock({ Array($0.continuations.values) }) { continuation.yield(event) }
+    }
+
+    private nonisolated func finishEvents() {
+        for continuation in subscribers.withLock({ Array($0.continuations.values) }) { continuation.finish() }
+    }
+
+    // MARK: - Sessions
+
+    /// Opens a session on a connected transport. `close` cuts the transport; `counters` reads its
+    /// byte counters (TLS included) if it has them. Returns the session and the signal its writer
+    /// waits on.
+    func openSession(
+        _ origin: SessionOrigin, close: @escaping @Sendable () -> Void,
+        counters: (@Sendable () -> (read: Int, written: Int))? = nil
+    ) -> (SessionID, OutputSignal) {
+        startTimer()
+        let signal = OutputSignal()
+        let (id, actions) = core.open(origin, now: .now, wallClock: configuration.wallClock(), state: storage.snapshot())
+        transports[id] = Transport(signal: signal, close: close, counters: counters)
+        perform(actions)
+        return (id, signal)
+    }
+
+    /// One frame from the peer of session `id`.
+    func receive(_ id: SessionID, type: UInt8, body: [UInt8]) {
+        perform(core.receive(id, type: type, body: body, now: .now, wallClock: configuration.wallClock(), state: storage.snapshot()))
+    }
+
+    /// The session's inbound bytes broke framing (over the limit, bad length).
+    func frameError(_ id: SessionID, _ error: WireError) {
+        perform(core.frameError(id, error, now: .now))
+    }
+
+    /// Closes a session from this side with a goodbye after what is queued.
+    func closeSession(_ id: SessionID) {
+        perform(core.closeLocally(id, now: .now))
+    }
+
+    /// The transport of session `id` is gone.
+    func transportEnded(_ id: SessionID, reason: SessionEndReason) {
+        guard let transport = transports.removeValue(forKey: id) else { return }
+        if let session = core.session(id) {
+            let read = transport.counters?().read ?? session.bytesReceived
+            let written = transport.counters?().written ?? session.bytesSent
+            closedTraffic.bytesReceived += read
+            closedTraffic.bytesSent += written
+            closedTraffic.framesSent += session.framesSent
+            closedTraffic.framesReceived += session.framesReceived
+        }
+        transport.signal.finish()
+        perform(core.transportEnded(id, reason: reason))
+        if transports.isEmpty {
+            for waiter in emptyWaiters { waiter.resume() }
+            emptyWaiters = []
+        }
+    }
+
+    /// The next bytes to write for session `id`, up to about `budget` (nil: nothing now).
+    func nextBatch(_ id: SessionID, budget: Int = 1 << 20) -> OutboundBatch? {
+        let (batch, actions) = core.nextBatch(id, budget: budget, now: .now, state: storage.snapshot())
+        perform(actions)
+        return batch
+    }
+
+    /// The replica at the other end of session `id`, once its hello arrived.
+    func peerReplica(of id: SessionID) -> ReplicaID? { core.session(id)?.peer?.replicaID }
+
+    // MARK: - Local changes
+
+    /// Ships a committed local delta to every connected peer.
+    public func broadcast(_ delta: RecordMap) {
+        perform(core.broadcast(delta, state: storage.snapshot()))
+    }
+
+    /// Sends every peer what it lacks (after the local state was reloaded from disk).
+    public func resyncAll() {
+        perform(core.resyncAll())
+    }
+
+    // MARK: - Status
+
+    /// The peers with an established session.
+    public func peers() -> [PeerStatus] {
+        core.peerStatuses().map { status in
+            PeerStatus(info: status.0, lastConvergedAt: status.lastConvergedAt.map { Date(timeIntervalSince1970: Double($0) / 1000) },
+                       bytesSent: status.bytesSent, bytesReceived: status.bytesReceived)
+        }
+    }
+
+    /// Totals over every session this node has had.
+    public func traffic() -> TrafficCounters {
+        var total = closedTraffic
+        for (id, transport) in transports {
+            guard let session = core.session(id) else { continue }
+            total.bytesReceived += transport.counters?().read ?? session.bytesReceived
+            total.bytesSent += transport.counters?().written ?? session.bytesSent
+            total.framesSent += session.framesSent
+            total.framesReceived += session.framesReceived
+        }
+        return total
+    }
+
+    // MARK: - Lifecycle
+
+    /// Says goodbye to every peer, waits (bounded) until each goodbye is written and every
+    /// transport is closed, then stops the timer.
+    public func shutdown() async {
+        perform(core.shutdown(now: .now))
+        await waitUntilNoSessions(timeout: configuration.timing.closeDrainTimeout + .seconds(1))
+        for transport in transports.values { transport.close() }
+        await waitUntilNoSessions(timeout: .seconds(2))
+        timer?.cancel()
+        timer = nil
+        finishEvents()
+    }
+
+    private func waitUntilNoSessions(timeout: Duration) async {
+        guard !transports.isEmpty else { return }
+        let deadline = Task { [weak self] in
+            try? await Task.sleep(for: timeout)
+            await self?.releaseEmptyWaiters()
+        }
+        await withCheckedContinuation { emptyWaiters.append($0) }
+        deadline.cancel()
+    }
+
+    private func releaseEmptyWaiters() {
+        for waiter in emptyWaiters { waiter.resume() }
+        emptyWaiters = []
+    }
+
+    private func startTimer() {
+        guard timer == nil else { return }
+        let period = configuration.timing.tick
+        timer = Task { [weak self] in
+            while !Task.isCancelled {
+                try? await Task.sleep(for: period)
+                guard let self else { return }
+                await self.tick()
+            }
+        }
+    }
+
+    private func tick() {
+        perform(core.tick(now: .now))
+    }
+
+    // MARK: - Carrying out
+
+    private func perform(_ actions: [ReplicationCore.Action]) {
+        for action in actions {
+            switch action {
+            case .wake(let id):
+                transports[id]?.signal.signal()
+            case .closeTransport(let id):
+                transports[id]?.close()
+            case .commit(let request):
+                commit(request)
+            case .event(let event):
+                emit(event)
+            case .log(let line):
+                let level: Logger.Level = switch line.level {
+                case .debug: .debug
+                case .info: .info
+                case .warning: .warning
+                case .error: .error
+                }
+                logger.log(level: level, "\(line.message)", metadata: line.metadata.mapValues { .string($0) })
+            }
+        }
+    }
+
+    private func commit(_ request: ReplicationCore.CommitRequest) {
+        let storage = self.storage
+        let origins = Set(request.parts.map(\.origin))
+        let origin = origins.count == 1 ? origins.first! : "peers"
+        let deltas = request.deltas
+        commitQueue.async { [weak self] in
+            let result: Result<[MergeOutcome], any Error> = Result { try storage.applyRemote(deltas, from: origin) }
+            Task { await self?.commitFinished(request.id, result) }
+        }
+    }
+
+    private func commitFinished(_ id: UInt64, _ result: Result<[MergeOutcome], any Error>) {
+        switch result {
+        case .success(let outcomes):
+            perform(core.committed(id, outcomes: outcomes, state: storage.snapshot()))
+        case .failure(let error):
+            perform(core.commitFailed(id, error: "\(error)", now: .now, state: storage.snapshot()))
+        }
+    }
+}
+
+/// Wakes a session's writer when there is output. A signal sent while nobody waits is kept
+/// (the next wait returns at once), so no wake-up is lost between "nothing to send" and "wait".
+final class OutputSignal: Sendable {
+    private let state = Mutex<(pending: Bool, finished: Bool, waiter: CheckedContinuation<Bool, Never>?)>((false, false, nil))
+
+    func signal() {
+        let waiter = state.withLock { s -> CheckedContinuation<Bool, Never>? in
+            guard let waiter = s.waiter else {
+                s.pending = true
+                return nil
+            }
+            s.waiter = nil
+            return waiter
+        }
+        waiter?.resume(returning: true)
+    }
+
+    func finish() {
+        let waiter = state.withLock { s -> CheckedContinuation<Bool, Never>? in
+            s.finished = true
+            defer { s.waiter = nil }
+            return s.waiter
+        }
+        waiter?.resume(returning: false)
+    }
+
+    /// Waits for a signal; false once finished (the session is gone).
+    func wait() async -> Bool {
+        await withCheckedContinuation { continuation in
+            let immediate: Bool? = state.withLock { s in
+                if s.pending {
+                    s.pending = false
+                    return true
+                }
+                if s.finished { return false }
+                s.waiter = continuation
+                return nil
+            }
+            if let immediate { continuation.resume(returning: immediate) }
+        }
+    }
+}

@@ -1,0 +1,161 @@
+import Foundation
+import PeerSync
+@testable import PeerSyncSession
+import PeerSyncTestSupport
+@testable import PeerSyncWire
+
+/// One node's replication core over an in-memory replica state: no sockets, no clock, no SQLite.
+/// Commits are carried out by joining into `state` when the test says so.
+struct CoreNode {
+    var core: ReplicationCore
+    var state: ReplicaState
+    var pendingCommits: [ReplicationCore.CommitRequest] = []
+    var committedBatches: [[RecordMap]] = []
+    var events: [NodeEvent] = []
+    var logs: [CoreLog] = []
+    var closedTransports: Set<SessionID> = []
+    var failNextCommit = false
+
+    init(_ name: String, maxFrameBytes: Int = WireLimits.defaultMaxFrameBytes, timing: SyncTiming = SyncTiming(),
+         outboxDeltaBytes: Int? = nil, transfer: TransferMode = .deltas) {
+        state = ReplicaState(name: name)
+        var limits = SyncLimits()
+        limits.maxFrameBytes = maxFrameBytes
+        if let outboxDeltaBytes { limits.outboxDeltaBytes = outboxDeltaBytes }
+        core = ReplicationCore(settings: .init(localReplica: state.replicaID, name: name, timing: timing, limits: limits,
+                                               transfer: transfer))
+    }
+
+    var replicaID: ReplicaID { state.replicaID }
+
+    mutating func handle(_ actions: [ReplicationCore.Action]) {
+        for action in actions {
+            switch action {
+            case .wake: break
+            case .closeTransport(let id): closedTransports.insert(id)
+            case .commit(let request): pendingCommits.append(request)
+            case .event(let event): events.append(event)
+            case .log(let line): logs.append(line)
+            }
+        }
+    }
+
+    mutating func open(initiator: Bool, address: String, now: MonotonicInstant) -> SessionID {
+        let (id, actions) = core.open(SessionOrigin(address: address, initiator: initiator), now: now,
+                                      wallClock: HybridLogicalClock.wallClock(), state: state)
+        handle(actions)
+        return id
+    }
+
+    /// Carries out every pending commit (group commits as the core issued them).
+    mutating func runCommits(now: MonotonicInstant) {
+        while !pendingCommits.isEmpty {
+            let request = pendingCommits.removeFirst()
+            if failNextCommit {
+                failNextCommit = false
+                handle(core.commitFailed(request.id, error: "disk full", now: now, state: state))
+                continue
+            }
+            committedBatches.append(request.deltas)
+            let outcomes = request.deltas.map { state.apply($0) }
+            handle(core.committed(request.id, outcomes: outcomes, state: state))
+        }
+    }
+
+    /// A local edit, committed and broadcast.
+    mutating func write(_ body: (inout ReplicaState) throws -> RecordMap?) rethrows {
+        guard let delta = try body(&state) else { return }
+        handle(core.broadcast(delta, state: state))
+    }
+
+    var warnings: [CoreLog] { logs.filter { $0.level == .warning || $0.level == .error } }
+}
+
+/// A frame as it crossed a link.
+struct WireFrame {
+    let type: UInt8
+    let body: [UInt8]
+    let size: Int
+}
+
+/// Moves bytes between two cores' sessions, splitting frames with the receiver's limit (so any
+/// frame over the limit the receiver announced throws).
+struct CoreLink {
+    let aSession: SessionID
+    let bSession: SessionID
+    var framesToB: [WireFrame] = []
+    var framesToA: [WireFrame] = []
+    var aClosed = false
+    var bClosed = false
+
+    static func connect(_ a: inout CoreNode, _ b: inout CoreNode, now: MonotonicInstant) -> CoreLink {
+        let aSession = a.open(initiator: true, address: "b", now: now)
+        let bSession = b.open(initiator: false, address: "a", now: now)
+        return CoreLink(aSession: aSession, bSession: bSession)
+    }
+
+    /// Pumps both directions and runs commits until nothing moves (bounded).
+    mutating func settle(_ a: inout CoreNode, _ b: inout CoreNode, now: MonotonicInstant, rounds: Int = 1_000) throws {
+        for _ in 0..<rounds {
+            guard !aClosed else { return }
+            let (movedAB, aDone) = try Self.pump(from: &a, aSession, to: &b, bSession, limit: b.core.settings.limits.maxFrameBytes,
+                                                 record: &framesToB, now: now)
+            if aDone || a.closedTransports.contains(aSession) || b.closedTransports.contains(bSession) {
+                end(&a, &b)
+                return
+            }
+            let (movedBA, bDone) = try Self.pump(from: &b, bSession, to: &a, aSession, limit: a.core.settings.limits.maxFrameBytes,
+                                                 record: &framesToA, now: now)
+            if bDone || a.closedTransports.contains(aSession) || b.closedTransports.contains(bSession) {
+                end(&a, &b)
+                return
+            }
+            let commits = !a.pendingCommits.isEmpty || !b.pendingCommits.isEmpty
+            a.runCommits(now: now)
+            b.runCommits(now: now)
+            if !movedAB && !movedBA && !commits { return }
+        }
+        throw HarnessError("link did not settle")
+    }
+
+    /// The connection is gone: both ends are told.
+    mutating func end(_ a: inout CoreNode, _ b: inout CoreNode) {
+        a.runCommits(now: ContinuousClock.now)
+        b.runCommits(now: ContinuousClock.now)
+        aClosed = true
+        bClosed = true
+        a.handle(a.core.transportEnded(aSession, reason: .connectionLost(detail: "closed")))
+        b.handle(b.core.transportEnded(bSession, reason: .connectionLost(detail: "closed")))
+    }
+
+    private static func pump(
+        from source: inout CoreNode, _ sourceSession: SessionID, to target: inout CoreNode, _ targetSession: SessionID,
+        limit: Int, record: inout [WireFrame], now: MonotonicInstant
+    ) throws -> (moved: Bool, closed: Bool) {
+        var moved = false
+        while true {
+            let (batch, actions) = source.core.nextBatch(sourceSession, budget: 1 << 20, now: now, state: source.state)
+            source.handle(actions)
+            guard let batch else { return (moved, false) }
+            moved = true
+            var splitter = FrameSplitter(maxFrameBytes: limit)
+            splitter.append(batch.bytes)
+            while let frame = try splitter.next() {
+                let size = frame.body.count + 1 + Varint.size(of: UInt64(frame.body.count + 1))
+                record.append(WireFrame(type: frame.type, body: frame.body, size: size))
+                target.handle(target.core.receive(targetSession, type: frame.type, body: frame.body, now: now,
+                                                  wallClock: HybridLogicalClock.wallClock(), state: target.state))
+            }
+            if batch.closeAfter { return (true, true) }
+        }
+    }
+}
+
+struct HarnessError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+extension Array where Element == WireFrame {
+    func messages() -> [Message] { compactMap { try? Message.decode(type: $0.type, body: $0.body) } }
+}

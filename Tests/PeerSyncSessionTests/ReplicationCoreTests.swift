@@ -1,0 +1,269 @@
+import Foundation
+import PeerSync
+@testable import PeerSyncSession
+import PeerSyncTestSupport
+@testable import PeerSyncWire
+import Testing
+
+/// The replication decisions, driven without sockets, clocks or SQLite: two or three cores over
+/// in-memory states, bytes moved by the harness, time passed in as instants.
+@Suite("Replication core")
+struct ReplicationCoreTests {
+    let t0 = ContinuousClock.now
+
+    func shiftTypes(_ count: Int, descriptionBytes: Int = 400) -> [ShiftType] {
+        (0..<count).map { i in
+            ShiftType(symbol: "S\(i % 100)", title: "Shift \(i)", description: String(repeating: "x", count: descriptionBytes),
+                      duration: 3600, locationID: nil)
+        }
+    }
+
+    @Test("catch-up honours a peer's 65,536-byte frame limit and converges")
+    func catchUpWithinPeerLimit() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b", maxFrameBytes: 65_536)
+        for record in shiftTypes(2_000) { try a.write { try $0.save(record) } }
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        #expect(link.framesToB.allSatisfy { $0.size <= 65_536 })
+        #expect(link.framesToB.filter { $0.type == Message.Kind.chunk.rawValue }.count > 10)
+        #expect(b.state.digest == a.state.digest)
+        #expect(a.warnings.isEmpty && b.warnings.isEmpty)
+    }
+
+    @Test("coalesced live deltas over the peer's limit travel as a chunk round within it")
+    func largeDeltaBecomesRound() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b", maxFrameBytes: 65_536)
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        let before = link.framesToB.count
+        // 500 saves queued before the writer pulls: joined into one ~250 KB delta.
+        for record in shiftTypes(500) { try a.write { try $0.save(record) } }
+        try link.settle(&a, &b, now: t0)
+        let live = link.framesToB[before...]
+        #expect(live.allSatisfy { $0.size <= 65_536 })
+        #expect(live.contains { $0.type == Message.Kind.chunk.rawValue })
+        #expect(b.state.digest == a.state.digest)
+    }
+
+    @Test("a record larger than a frame is split by fields; a field larger than a frame is skipped and logged")
+    func oversizeRecord() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b", maxFrameBytes: 65_536)
+        let key = RecordKey(collection: "notes", id: UUID())
+        var fields: [String: FieldValue] = [:]
+        for i in 0..<6 { fields["part\(i)"] = .string(String(repeating: "y", count: 20_000)) }
+        fields["huge"] = .bytes(Array(repeating: 7, count: 70_000))
+        a.write { $0.write(fields, to: key) }
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        #expect(link.framesToB.allSatisfy { $0.size <= 65_536 })
+        let received = b.state.records.record(key)
+        #expect(received?.fields.count == 6)
+        #expect(received?.fields["huge"] == nil)
+        #expect(received?.isVisible == true)
+        #expect(a.warnings.contains { $0.metadata["field"] == "huge" })
+    }
+
+    @Test("a frame over the limit gets error reason 6 before the session closes")
+    func frameTooLarge() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        b.handle(b.core.frameError(link.bSession, .frameTooLarge(length: 9_000_000, limit: 4 << 20), now: t0))
+        let (batch, _) = b.core.nextBatch(link.bSession, budget: 1 << 20, now: t0, state: b.state)
+        let frames = try decodeFrames(batch?.bytes ?? [])
+        #expect(frames.last == .error(.frameTooLarge, "frame of 9000000 bytes exceeds the limit of 4194304"))
+        #expect(batch?.closeAfter == true)
+        #expect(b.warnings.contains { $0.message.contains("frame too large") })
+    }
+
+    @Test("a silent peer gets error reason 8 and is closed; keepalive pings flow while idle")
+    func silentPeer() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        // Quiet after the catch-up: ack and digest at 0.3 s; then, idle, a ping after 1 s more.
+        for ms in [300, 1_400] {
+            a.handle(a.core.tick(now: t0 + .milliseconds(ms)))
+            _ = a.core.nextBatch(link.aSession, budget: 1 << 20, now: t0 + .milliseconds(ms), state: a.state)
+        }
+        a.handle(a.core.tick(now: t0 + .milliseconds(2_500)))
+        let (ping, _) = a.core.nextBatch(link.aSession, budget: 1 << 20, now: t0 + .milliseconds(2_500), state: a.state)
+        #expect(try decodeFrames(ping?.bytes ?? []).contains { if case .ping = $0 { true } else { false } })
+        // Nothing from b for 5 s: a refuses it with reason 8.
+        a.handle(a.core.tick(now: t0 + .seconds(5)))
+        let (last, _) = a.core.nextBatch(link.aSession, budget: 1 << 20, now: t0 + .seconds(5), state: a.state)
+        guard case .error(.timeout, let text)? = try decodeFrames(last?.bytes ?? []).last else {
+            Issue.record("no timeout error frame")
+            return
+        }
+        #expect(text.contains("no frame for 5 s"))
+        #expect(last?.closeAfter == true)
+    }
+
+    @Test("a connection without a hello is closed after the handshake timeout with reason 8")
+    func handshakeTimeout() throws {
+        var a = CoreNode("a")
+        let id = a.open(initiator: false, address: "mute", now: t0)
+        _ = a.core.nextBatch(id, budget: 1 << 20, now: t0, state: a.state)  // our hello
+        a.handle(a.core.tick(now: t0 + .seconds(9)))
+        #expect(a.core.session(id)?.phase == .awaitingHello)
+        a.handle(a.core.tick(now: t0 + .seconds(10)))
+        let (batch, _) = a.core.nextBatch(id, budget: 1 << 20, now: t0 + .seconds(10), state: a.state)
+        #expect(try decodeFrames(batch?.bytes ?? []).last == .error(.timeout, "no hello within 10 s"))
+    }
+
+    @Test("a closing session that cannot flush is cut after the drain timeout")
+    func drainTimeout() throws {
+        var a = CoreNode("a")
+        let id = a.open(initiator: false, address: "stuck", now: t0)
+        a.handle(a.core.refuse(id, .malformed, "test", now: t0))
+        a.handle(a.core.tick(now: t0 + .seconds(1)))
+        #expect(!a.closedTransports.contains(id))
+        a.handle(a.core.tick(now: t0 + .seconds(2)))
+        #expect(a.closedTransports.contains(id))
+    }
+
+    @Test("shutdown flushes pending deltas, then a goodbye, then closes")
+    func goodbyeOnShutdown() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        let location = Location(name: "last words")
+        try a.write { try $0.save(location) }
+        a.handle(a.core.shutdown(now: t0))
+        try link.settle(&a, &b, now: t0)
+        let messages = link.framesToB.messages()
+        #expect(messages.last == .goodbye(.shuttingDown, "node shutting down"))
+        #expect(b.state.contains(location.recordKey))
+        #expect(link.aClosed)
+        #expect(b.events.contains { if case .peerDisconnected = $0 { true } else { false } })
+    }
+
+    @Test("deltas arriving while a commit is in flight are committed together in the next one")
+    func groupCommit() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        let committedBefore = b.committedBatches.count
+        // Hand b three delta frames without running its commits in between.
+        for i in 0..<3 {
+            try a.write { try $0.save(Location(name: "L\(i)")) }
+            let (batch, _) = a.core.nextBatch(link.aSession, budget: 1 << 20, now: t0, state: a.state)
+            for frame in try rawFrames(batch!.bytes) {
+                b.handle(b.core.receive(link.bSession, type: frame.type, body: frame.body, now: t0,
+                                        wallClock: HybridLogicalClock.wallClock(), state: b.state))
+            }
+        }
+        #expect(b.pendingCommits.count == 1)  // the first one; the others wait for it
+        b.runCommits(now: t0)
+        let batches = b.committedBatches[committedBefore...].map(\.count)
+        #expect(batches == [1, 2])
+        #expect(try b.state.fetchAll(Location.self).count == 3)
+    }
+
+    @Test("a failed commit closes the session with an error and stores nothing")
+    func commitFailure() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        try a.write { try $0.save(Location(name: "will not land")) }
+        b.failNextCommit = true
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        #expect(try b.state.fetchAll(Location.self).isEmpty)
+        #expect(link.framesToA.messages().last == .error(.other, "the receiver's storage failed"))
+        #expect(b.logs.contains { $0.level == .error })
+    }
+
+    @Test("the duplicate rule keeps the session dialed by the lower replica ID, on both ends")
+    func duplicateRule() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        var first = CoreLink.connect(&a, &b, now: t0)  // a dials b
+        try first.settle(&a, &b, now: t0)
+        var second = CoreLink.connect(&b, &a, now: t0)  // b dials a
+        try second.settle(&b, &a, now: t0)
+        try first.settle(&a, &b, now: t0)
+        let lowerDialed = a.replicaID < b.replicaID ? first : second
+        let kept = lowerDialed.aClosed || lowerDialed.bClosed
+        #expect(!kept)
+        #expect(first.aClosed != second.aClosed || first.bClosed != second.bClosed)
+        #expect(a.core.peerStatuses().count == 1 && b.core.peerStatuses().count == 1)
+    }
+
+    @Test("forwarding: A–B–C carries an edit from A to C; C's own neighbour is not sent it twice")
+    func forwarding() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        var c = CoreNode("c")
+        var ab = CoreLink.connect(&a, &b, now: t0)
+        var bc = CoreLink.connect(&b, &c, now: t0)
+        try ab.settle(&a, &b, now: t0)
+        try bc.settle(&b, &c, now: t0)
+        let location = Location(name: "from a")
+        try a.write { try $0.save(location) }
+        for _ in 0..<3 {
+            try ab.settle(&a, &b, now: t0)
+            try bc.settle(&b, &c, now: t0)
+        }
+        #expect(c.state.contains(location.recordKey))
+        #expect(a.state.digest == c.state.digest)
+    }
+
+    @Test("a peer that never reads: deltas beyond the budget are replaced by one catch-up round")
+    func outboxOverflow() throws {
+        var a = CoreNode("a", outboxDeltaBytes: 4_096)
+        var b = CoreNode("b")
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        for record in shiftTypes(100, descriptionBytes: 100) { try a.write { try $0.save(record) } }
+        #expect(a.core.session(link.aSession)?.out.resync == true)
+        #expect(a.core.session(link.aSession)?.out.deltas == nil)
+        try link.settle(&a, &b, now: t0)
+        #expect(b.state.digest == a.state.digest)
+    }
+
+    @Test("a quiet session exchanges acks and digests and reports convergence")
+    func digestsWhenQuiet() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        try a.write { try $0.save(Location(name: "x")) }
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        let later = t0 + .milliseconds(300)
+        a.handle(a.core.tick(now: later))
+        b.handle(b.core.tick(now: later))
+        try link.settle(&a, &b, now: later)
+        #expect(a.events.contains { if case .converged = $0 { true } else { false } })
+        #expect(b.events.contains { if case .converged = $0 { true } else { false } })
+    }
+
+    @Test("a session that fails its TLS handshake is logged with its cause")
+    func refusedSessionIsLogged() throws {
+        var a = CoreNode("a")
+        let id = a.open(initiator: false, address: "10.0.0.9:5555", now: t0)
+        a.handle(a.core.transportEnded(id, reason: .handshakeFailed(detail: "alert: decrypt error")))
+        let line = a.logs.last
+        #expect(line?.level == .warning)
+        #expect(line?.metadata["peer.address"] == "10.0.0.9:5555")
+        #expect(line?.metadata["reason"]?.contains("TLS handshake failed") == true)
+    }
+
+    func rawFrames(_ bytes: [UInt8]) throws -> [(type: UInt8, body: [UInt8])] {
+        var splitter = FrameSplitter()
+        splitter.append(bytes)
+        var frames: [(type: UInt8, body: [UInt8])] = []
+        while let frame = try splitter.next() { frames.append(frame) }
+        return frames
+    }
+
+    func decodeFrames(_ bytes: [UInt8]) throws -> [Message] {
+        try rawFrames(bytes).map { try Message.decode(type: $0.type, body: $0.body) }
+    }
+}
