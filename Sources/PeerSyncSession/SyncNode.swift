@@ -101,8 +101,9 @@ public actor SyncNode {
     public func stop() async {
         guard !stopped else { return }
         stopped = true
-        for task in tasks { task.cancel() }
+        // Goodbyes first (connection tasks must still be running to write them), then the rest.
         await replicator.shutdown()
+        for task in tasks { task.cancel() }
         try? await server?.channel.close()
         for channel in connections.values { try? await channel.close() }
         for task in tasks { await task.value }

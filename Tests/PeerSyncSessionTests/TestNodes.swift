@@ -23,7 +23,7 @@ final class TestReplica: @unchecked Sendable {
             store = try ReplicaStore.open(directory: directory)
         } else {
             self.directory = try makeTemporaryDirectory("peersync-node")
-            store = try ReplicaStore.create(directory: self.directory, name: name)
+            store = try ReplicaStore.create(directory: self.directory, name: name, physicalClock: wallClock)
         }
         node = try Self.makeNode(store: store, name: name, security: security, wallClock: wallClock)
     }

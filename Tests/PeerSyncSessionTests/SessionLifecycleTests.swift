@@ -1,0 +1,113 @@
+import Foundation
+import PeerSync
+import PeerSyncTestSupport
+import Synchronization
+import Testing
+
+/// Liveness on the monotonic clock, goodbyes on shutdown, and sync over an app's own transport.
+@Suite("Session lifecycle", .serialized)
+struct SessionLifecycleTests {
+    let secret = GroupSecret.generate()
+
+    /// Collects the disconnections a node reports.
+    final class Disconnections: Sendable {
+        let reasons = Mutex<[SessionEndReason]>([])
+        init(_ events: AsyncStream<NodeEvent>) {
+            Task { [self] in
+                for await event in events {
+                    if case .peerDisconnected(_, let reason) = event { self.reasons.withLock { $0.append(reason) } }
+                }
+            }
+        }
+        var all: [SessionEndReason] { reasons.withLock { $0 } }
+    }
+
+    @Test("the wall clock steps back and forward by an hour under a live session: no crash, no dropped peer")
+    func wallClockSteps() async throws {
+        let offset = Atomic<Int64>(0)
+        let stepped: @Sendable () -> UInt64 = {
+            UInt64(bitPattern: Int64(bitPattern: HybridLogicalClock.wallClock()) &+ offset.load(ordering: .relaxed))
+        }
+        let a = try TestReplica("a", security: .groupSecret(secret), wallClock: stepped)
+        let b = try TestReplica("b", security: .groupSecret(secret))
+        defer { Task { await a.shutdown(); await b.shutdown() } }
+        let (dropsA, dropsB) = (Disconnections(a.node.events()), Disconnections(b.node.events()))
+        try await a.start()
+        try await b.start()
+        await b.node.addPeer(.loopback(a.port))
+        #expect(await eventually {
+            let (pa, pb) = (await a.node.peers(), await b.node.peers())
+            return pa.count == 1 && pb.count == 1
+        })
+
+        func keepaliveRoundsPass(_ n: Int) async -> Bool {
+            let start = await a.node.traffic().framesReceived
+            return await eventually { await a.node.traffic().framesReceived >= start + n }
+        }
+        // An hour back: a's HLC does not go back; its writes still reach b and still win.
+        offset.store(-3_600_000, ordering: .relaxed)
+        #expect(await keepaliveRoundsPass(3))
+        let before = try #require(a.store.state.records.maxTimestamp as HLCTimestamp?)
+        try await a.write { try $0.save(Location(name: "written an hour in the past")) }
+        #expect(a.store.state.records.maxTimestamp > before)
+        #expect(await eventually { (try? b.store.state.fetchAll(Location.self).count) == 1 })
+        // An hour forward: b's writes are in a's past and are applied.
+        offset.store(3_600_000, ordering: .relaxed)
+        #expect(await keepaliveRoundsPass(3))
+        try await b.write { try $0.save(Location(name: "written while a is an hour ahead")) }
+        #expect(await eventually { (try? a.store.state.fetchAll(Location.self).count) == 2 })
+        offset.store(0, ordering: .relaxed)
+        #expect(await keepaliveRoundsPass(3))
+        #expect(await eventually { allConverged([a, b]) })
+        #expect(dropsA.all.isEmpty, "\(dropsA.all)")
+        #expect(dropsB.all.isEmpty, "\(dropsB.all)")
+        #expect(await a.node.peers().count == 1)
+    }
+
+    @Test("stopping a node says goodbye to its peer every time (20 trials)")
+    func goodbyeOnStop() async throws {
+        for trial in 0..<20 {
+            let a = try TestReplica("a\(trial)", security: .groupSecret(secret))
+            let b = try TestReplica("b\(trial)", security: .groupSecret(secret))
+            let drops = Disconnections(b.node.events())
+            try await a.start()
+            try await b.start()
+            await b.node.addPeer(.loopback(a.port))
+            #expect(await eventually {
+                let (pa, pb) = (await a.node.peers(), await b.node.peers())
+                return pa.count == 1 && pb.count == 1
+            })
+            try await a.write { try $0.save(Location(name: "just before stopping \(trial)")) }
+            await a.node.stop()
+            #expect(await eventually { !drops.all.isEmpty })
+            #expect(drops.all.first == .peerClosed(.shuttingDown, detail: "node shutting down"), "trial \(trial): \(drops.all)")
+            #expect(await eventually { allConverged([a, b]) }, "trial \(trial)")
+            await b.shutdown()
+            await a.shutdown()
+        }
+    }
+
+    @Test("two replicas converge through an in-memory pipe with the transport-independent session API")
+    func inMemoryPipe() async throws {
+        let directories = try (0..<2).map { _ in try makeTemporaryDirectory("peersync-pipe") }
+        defer { directories.forEach(removeTemporaryDirectory) }
+        let a = try Replica.open(at: directories[0], name: "a")
+        let b = try Replica.open(at: directories[1], name: "b")
+        for i in 0..<300 { try await a.save(Location(name: "from a \(i)")) }
+        try await b.save(ShiftType(symbol: "N", title: "Night", duration: 36_000))
+        let sa = try await a.openSession(address: "pipe:b", initiator: true)
+        let sb = try await b.openSession(address: "pipe:a", initiator: false)
+        let pumps = [Task { while let m = await sa.nextMessage() { await sb.receive(m) } },
+                     Task { while let m = await sb.nextMessage() { await sa.receive(m) } }]
+        #expect(await eventually { a.state.digest == b.state.digest })
+        // Live changes flow both ways.
+        try await a.save(Location(name: "live from a"))
+        try await b.delete(ShiftType.self, id: try #require(b.fetchAll(ShiftType.self).first).id)
+        #expect(await eventually { a.state.digest == b.state.digest && (try? a.fetchAll(ShiftType.self).isEmpty) == true })
+        #expect(try b.fetchAll(Location.self).count == 301)
+        await sa.close()
+        for pump in pumps { await pump.value }
+        await a.stopSync()
+        await b.stopSync()
+    }
+}
