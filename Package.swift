@@ -76,6 +76,8 @@ let package = Package(
         .executableTarget(name: "example-shift-scheduler", dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
                           path: "Examples/ShiftScheduler"),
         .executableTarget(name: "example-settings", dependencies: ["PeerSync"], path: "Examples/SettingsScopes"),
+        .executableTarget(name: "example-in-memory-pipe", dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
+                          path: "Examples/InMemoryPipe"),
         .executableTarget(name: "example-app-streams", dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
                           path: "Examples/AppStreams"),
         .target(name: "PeerSyncTestSupport", dependencies: ["PeerSyncCRDT"], path: "Tests/PeerSyncTestSupport"),

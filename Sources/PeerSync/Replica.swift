@@ -298,6 +298,45 @@ public actor Replica {
         }
     }
 
+    // MARK: - Bundles
+
+    /// A sync bundle: what a device with context `peerContext` lacks (everything for nil), sealed
+    /// for the group of `secret`. Carry it on a USB stick or by mail; ``applyBundle(_:secret:)``
+    /// on the other device.
+    public nonisolated func makeBundle(for peerContext: CausalContext?, secret: GroupSecret) -> [UInt8] {
+        let state = store.state
+        let delta = peerContext.map { state.delta(missingFrom: $0) } ?? state.records
+        let header = SyncBundle.Header(groupTag: secret.groupTag, sender: replicaID, senderName: state.name,
+                                       createdAt: HybridLogicalClock.wallClock(), records: UInt64(delta.recordCount))
+        return SyncBundle.seal(delta, header: header, secret: secret)
+    }
+
+    /// This replica's context as a file, for `makeBundle(for:)` on another device.
+    public nonisolated func bundleContext(secret: GroupSecret) -> [UInt8] {
+        SyncBundle.sealContext(store.state.context, replica: replicaID, secret: secret)
+    }
+
+    /// Applies a sync bundle of this group in one transaction, with the checks a peer's delta
+    /// passes, and ships what it changed to connected peers. Applying it twice changes nothing.
+    ///
+    /// - Throws: ``BundleError`` (nothing is applied), or a storage error.
+    @discardableResult
+    public func applyBundle(_ bytes: [UInt8], secret: GroupSecret, maxClockSkew: Duration = .seconds(300))
+        async throws -> (header: SyncBundle.Header, outcome: MergeOutcome)
+    {
+        let (header, delta) = try SyncBundle.open(bytes, secret: secret)
+        if let refusal = DeltaAdmission.refusal(of: delta, now: HybridLogicalClock.wallClock(),
+                                                maxSkewMilliseconds: UInt64(max(0, maxClockSkew.wholeMilliseconds))) {
+            throw BundleError.refused(refusal)
+        }
+        let outcome = try store.applyRemote(delta, from: "bundle:\(header.sender.shortDescription)")
+        if !outcome.isEmpty {
+            await replicator?.broadcast(delta)
+            publish(ReplicaChange(origin: .peer(name: header.senderName, replicaID: header.sender), records: outcome.changedRecords))
+        }
+        return (header, outcome)
+    }
+
     private func follow(_ events: AsyncStream<NodeEvent>) async {
         for await event in events {
             switch event {

@@ -89,9 +89,8 @@ struct SessionStateMachine {
         guard let inbound else { return nil }
         do {
             let delta = try WireDelta.decode(bytes, with: inbound)
-            // A member with a clock far ahead must not drag every replica's clock with it.
-            if delta.maxTimestamp.physicalMilliseconds > now + maxClockSkewMilliseconds {
-                lastError = "delta carries a timestamp \((delta.maxTimestamp.physicalMilliseconds - now) / 1000) s in the future"
+            if let refusal = DeltaAdmission.refusal(of: delta, now: now, maxSkewMilliseconds: maxClockSkewMilliseconds) {
+                lastError = refusal
                 return nil
             }
             return delta
@@ -133,4 +132,18 @@ func formatSeconds(_ seconds: Double) -> String {
     if seconds >= 3600 { return "\(Int(seconds / 3600)) h \(Int(seconds.truncatingRemainder(dividingBy: 3600) / 60)) min" }
     if seconds >= 60 { return "\(Int(seconds / 60)) min \(Int(seconds.truncatingRemainder(dividingBy: 60))) s" }
     return "\(Int(seconds.rounded())) s"
+}
+
+/// The checks every delta from outside — a peer's frame, a bundle — passes before anything of it
+/// is stored.
+public enum DeltaAdmission {
+    /// Why `delta` is refused, or nil. `now` is the local wall clock in ms.
+    public static func refusal(of delta: RecordMap, now: UInt64, maxSkewMilliseconds: UInt64) -> String? {
+        // A member with a clock far ahead must not drag every replica's clock with it.
+        let newest = delta.maxTimestamp.physicalMilliseconds
+        if newest > now &+ maxSkewMilliseconds, now &+ maxSkewMilliseconds >= now {
+            return "delta carries a timestamp \((newest - now) / 1000) s in the future"
+        }
+        return nil
+    }
 }

@@ -10,33 +10,35 @@ import PeerSyncCRDT
 ///   wire type 2: value = varint(n) n bytes
 ///   wire type 5: value = 4 bytes          (never written; skipped when read)
 /// ```
-struct FieldWriter {
-    var bytes: [UInt8] = []
+package struct FieldWriter {
+    package var bytes: [UInt8] = []
 
-    mutating func varint(_ number: UInt64, _ value: UInt64) {
+    package init() {}
+
+    package mutating func varint(_ number: UInt64, _ value: UInt64) {
         Varint.append(number << 3, to: &bytes)
         Varint.append(value, to: &bytes)
     }
 
-    mutating func bytes(_ number: UInt64, _ value: [UInt8]) {
+    package mutating func bytes(_ number: UInt64, _ value: [UInt8]) {
         Varint.append(number << 3 | 2, to: &bytes)
         Varint.append(UInt64(value.count), to: &bytes)
         bytes.append(contentsOf: value)
     }
 
-    mutating func string(_ number: UInt64, _ value: String) {
+    package mutating func string(_ number: UInt64, _ value: String) {
         bytes(number, Array(value.utf8))
     }
 }
 
 /// Reads the fields of one message body; the last value of a repeated number wins, unknown
 /// numbers are skipped.
-struct FieldReader {
-    let message: String
-    var varints: [UInt64: UInt64] = [:]
-    var blobs: [UInt64: [UInt8]] = [:]
+package struct FieldReader {
+    package let message: String
+    package var varints: [UInt64: UInt64] = [:]
+    package var blobs: [UInt64: [UInt8]] = [:]
 
-    init(message: String, body: [UInt8]) throws(WireError) {
+    package init(message: String, body: [UInt8]) throws(WireError) {
         self.message = message
         var reader = ByteReader(body)
         while !reader.isAtEnd {
@@ -59,17 +61,17 @@ struct FieldReader {
         }
     }
 
-    func varint(_ number: UInt64, _ name: String) throws(WireError) -> UInt64 {
+    package func varint(_ number: UInt64, _ name: String) throws(WireError) -> UInt64 {
         guard let value = varints[number] else { throw .missingField(message: message, field: name) }
         return value
     }
 
-    func bytes(_ number: UInt64, _ name: String) throws(WireError) -> [UInt8] {
+    package func bytes(_ number: UInt64, _ name: String) throws(WireError) -> [UInt8] {
         guard let value = blobs[number] else { throw .missingField(message: message, field: name) }
         return value
     }
 
-    func string(_ number: UInt64, _ name: String) throws(WireError) -> String {
+    package func string(_ number: UInt64, _ name: String) throws(WireError) -> String {
         guard let text = String(validating: try bytes(number, name), as: UTF8.self) else {
             throw .malformed(message: message, detail: "\(name) is not UTF-8")
         }

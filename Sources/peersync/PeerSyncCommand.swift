@@ -15,7 +15,7 @@ struct PeerSyncCommand: AsyncParsableCommand {
         version: PeerSync.version,
         subcommands: [
             Init.self, Invite.self, Run.self, LocationCommand.self, ShiftTypeCommand.self, SettingsCommand.self,
-            Status.self, Log.self, Conflicts.self, Watch.self, Export.self, Import.self, Demo.self, Doctor.self,
+            Status.self, Log.self, Conflicts.self, Watch.self, Export.self, Import.self, BundleCommand.self, Demo.self, Doctor.self,
         ]
     )
 }

@@ -40,7 +40,8 @@ struct CLITests {
         ["location", "list"], ["location", "show"], ["shift-type"], ["shift-type", "add"], ["shift-type", "set"],
         ["shift-type", "rm"], ["shift-type", "list"], ["shift-type", "show"], ["settings"], ["settings", "set"],
         ["settings", "get"], ["settings", "unset"], ["settings", "list"], ["status"], ["log"], ["conflicts"],
-        ["watch"], ["export"], ["import"], ["demo"], ["doctor"],
+        ["watch"], ["export"], ["import"], ["bundle"], ["bundle", "create"], ["bundle", "apply"], ["bundle", "context"],
+        ["demo"], ["doctor"],
     ])
     func help(_ path: [String]) throws {
         let result = try runCommand(peersync, path + ["--help"])
