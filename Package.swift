@@ -60,7 +60,7 @@ let package = Package(
         .executableTarget(
             name: "peersync",
             dependencies: [
-                "PeerSync",
+                "PeerSync", "PeerSyncDiscovery",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -93,6 +93,8 @@ let package = Package(
             dependencies: [
                 "PeerSync", "PeerSyncSession", "PeerSyncWire", "PeerSyncStore", "PeerSyncTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOTestUtils", package: "swift-nio"),
+                .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Logging", package: "swift-log"),

@@ -2,7 +2,7 @@ import NIOCore
 import PeerSyncWire
 
 /// One frame as read off the connection: its type byte and body, not yet decoded.
-struct InboundFrame: Sendable {
+struct InboundFrame: Sendable, Equatable {
     let type: UInt8
     let body: [UInt8]
 }

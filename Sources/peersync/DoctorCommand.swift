@@ -3,6 +3,7 @@ import Foundation
 import NIOCore
 import NIOPosix
 import PeerSync
+import PeerSyncDiscovery
 
 struct Doctor: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
