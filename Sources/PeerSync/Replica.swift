@@ -84,6 +84,8 @@ public actor Replica {
     private var dialedDiscovered: [ReplicaID: PeerAddress] = [:]
     private var tasks: [Task<Void, Never>] = []
     private var status = SyncStatus.disabled
+    private var configuration: SyncConfiguration?
+    private var repairs = 0
     private var peerNames: [ReplicaID: String] = [:]
     private nonisolated let changeSubscribers = Broadcaster<ReplicaChange>()
     private nonisolated let statusSubscribers = Broadcaster<SyncStatus>()
@@ -190,6 +192,11 @@ public actor Replica {
     @discardableResult
     public func startSync(_ configuration: SyncConfiguration) async throws -> UInt16 {
         if replicator != nil { await stopSync() }
+        self.configuration = configuration
+        if let change = store.incarnationChange {
+            logger.warning("this store was copied or restored", metadata: ["replica.id": "\(change.current.shortDescription)",
+                                                                           "replica.previous": "\(change.previous.shortDescription)"])
+        }
         let replicator = Replicator(storage: StoreSyncStorage(store), replicaID: store.replicaID, name: store.state.name,
                                     configuration: configuration, logger: logger)
         self.replicator = replicator
@@ -354,6 +361,24 @@ public actor Replica {
                 setStatus(.syncing(progress: Double(chunk) / Double(max(chunks, 1))))
             case .converged:
                 setStatus(.inSync(lastSync: Date(), peers: peerNames.values.sorted()))
+            case .divergenceRepaired(_, let count):
+                repairs = count
+            case .divergenceDetail:
+                break
+            case .restoredStoreDetected(let info, let replica, let known, let held):
+                guard replica == store.replicaID, let configuration else { break }
+                let reason = "peer \(info.name) knows \(known) writes by this replica, the store has \(held): it was restored from an older copy"
+                do {
+                    let change = try store.beginNewIncarnation(reason: reason)
+                    logger.warning("this store was restored from an older copy; continuing as a new replica",
+                                   metadata: ["replica.id": "\(change.current.shortDescription)", "replica.previous": "\(replica.shortDescription)"])
+                } catch {
+                    logger.error("cannot continue as a new replica", metadata: ["error": "\(error)"])
+                    setStatus(.error(.storage("\(error)")))
+                    break
+                }
+                // Sessions announce the replica ID: start them again under the new one.
+                Task { try? await self.startSync(configuration) }
             case .remoteChange(let outcome, let info):
                 publish(ReplicaChange(origin: .peer(name: info.name, replicaID: info.replicaID), records: outcome.changedRecords))
                 if case .inSync = status { setStatus(.syncing(progress: nil)) }

@@ -115,6 +115,8 @@ public struct SyncLimits: Sendable, Equatable {
     /// Deltas queued for one peer beyond this many bytes are dropped and replaced by one
     /// catch-up round computed from what the peer is known to have.
     public var outboxDeltaBytes: Int = 8 << 20
+    /// Established sessions at once; a hello beyond is refused (reason 9, overloaded).
+    public var sessions: Int = 128
 
     public init() {}
 }

@@ -20,6 +20,7 @@ struct SessionStateMachine {
         case applyDelta(RecordMap)
         case acked(CausalContext, neighbors: [ReplicaID]?)
         case digest(StateDigest, records: UInt64)
+        case breakdown(StateDigest, DigestBreakdown)
         /// End the session; if `notifyPeer`, send `.error(reason, text)` first.
         case close(CloseReason, String, notifyPeer: Bool)
     }
@@ -74,6 +75,8 @@ struct SessionStateMachine {
             return [.acked(context, neighbors: neighbors)]
         case (.established, .digest(let digest, let records)):
             return [.digest(digest, records: records)]
+        case (.established, .breakdown(let digest, let parts)):
+            return [.breakdown(digest, parts)]
         case (.established, .ping(let nonce)):
             return [.send(.pong(nonce))]
         case (.established, .pong):

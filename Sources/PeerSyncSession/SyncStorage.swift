@@ -80,6 +80,15 @@ public enum NodeEvent: Sendable {
     case converged(PeerInfo, digest: StateDigest)
     /// A delta from a peer changed the local state.
     case remoteChange(MergeOutcome, from: PeerInfo)
+    /// Digests differed although both sides held the same events (a bug here or in the peer's
+    /// implementation): a full-state exchange with the peer repairs it. `repairs` counts them.
+    case divergenceRepaired(PeerInfo, repairs: Int)
+    /// Where a divergence was, from the peer's digest breakdown.
+    case divergenceDetail(PeerInfo, collections: [String], writers: [ReplicaID])
+    /// The peer knows writes in this replica's name up to `peerKnows`, beyond the `localHas` this
+    /// store holds: the store was restored from an older copy. The session is refused; the owner
+    /// should continue under a new replica ID (`ReplicaStore.beginNewIncarnation`) and resync.
+    case restoredStoreDetected(PeerInfo, replica: ReplicaID, peerKnows: UInt64, localHas: UInt64)
 }
 
 /// A connected peer as this node sees it.

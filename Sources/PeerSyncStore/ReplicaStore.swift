@@ -25,12 +25,12 @@ public final class ReplicaStore: Sendable {
 
     public let directory: String
     public let path: String
-    private let pool: DatabasePool
+    let pool: DatabasePool
     private let observer: DatabaseQueue
-    private let inner: Mutex<Inner>
-    private let physicalClock: HybridLogicalClock.PhysicalClock
+    let inner: Mutex<Inner>
+    let physicalClock: HybridLogicalClock.PhysicalClock
 
-    private struct Inner: Sendable {
+    struct Inner: Sendable {
         var state: ReplicaState
         /// Highest journal sequence number this process has joined.
         var position: Int64
@@ -39,6 +39,8 @@ public final class ReplicaStore: Sendable {
         /// Other processes' commits joined inside this process's own transactions; the next
         /// ``refresh()`` reports them, so they are shipped to peers like any other.
         var absorbed: [StoreChange] = []
+        /// Set when opening found the store copied or restored and gave it a new replica ID.
+        var incarnationChange: IncarnationChange?
     }
 
     // MARK: - Opening
@@ -67,8 +69,10 @@ public final class ReplicaStore: Sendable {
                 try ReplicaRow(
                     replicaID: replicaID.description, name: name,
                     createdAt: Int64(HybridLogicalClock.wallClock()), clock: 0,
-                    context: Data(CausalContext().encodedBlob())
+                    context: Data(CausalContext().encodedBlob()), binding: Self.binding(of: path)
                 ).insert(db)
+                try db.execute(sql: "INSERT INTO incarnation (replicaID, startedAt, reason) VALUES (?, ?, ?)",
+                               arguments: [replicaID.description, Int64(HybridLogicalClock.wallClock()), "created"])
             }
         } catch {
             try? FileManager.default.removeItem(atPath: path)
@@ -98,7 +102,9 @@ public final class ReplicaStore: Sendable {
         } catch {
             throw StoreError.wrap(error, path: path)
         }
-        return try ReplicaStore(directory: directory, path: path, pool: pool, physicalClock: physicalClock)
+        let store = try ReplicaStore(directory: directory, path: path, pool: pool, physicalClock: physicalClock)
+        try store.checkBinding()
+        return store
     }
 
     /// The database file of the replica in `directory`.

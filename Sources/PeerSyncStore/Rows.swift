@@ -18,6 +18,8 @@ struct ReplicaRow: Codable, FetchableRecord, PersistableRecord {
     /// Largest hybrid timestamp issued or observed (bit pattern of the UInt64).
     var clock: Int64
     var context: Data
+    /// Machine and file identity the store was last opened under (nil before it was recorded).
+    var binding: String?
 }
 
 /// One record: its CRDT state as a blob, and whether it is visible (for counting in SQL).

@@ -9,6 +9,7 @@ import GRDB
 /// localSetting  device-local settings, never synced
 /// conflict      the conflict log (bounded)
 /// journal       every committed change as a delta blob, for other processes and `peersync log`
+/// incarnation   every replica ID this store has written with, and why it changed
 /// ```
 enum Schema {
     static let migrator: DatabaseMigrator = {
@@ -47,6 +48,16 @@ enum Schema {
                 t.column("origin", .text).notNull()
                 t.column("summary", .text).notNull()
                 t.column("delta", .blob)
+            }
+        }
+        migrator.registerMigration("2026-11-23 v2: incarnations") { db in
+            // What the store file is bound to (machine and file identity); a copy or a restore
+            // breaks the binding and the store continues under a new replica ID.
+            try db.alter(table: ReplicaRow.databaseTableName) { t in t.add(column: "binding", .text) }
+            try db.create(table: "incarnation") { t in
+                t.column("replicaID", .text).primaryKey()
+                t.column("startedAt", .integer).notNull()
+                t.column("reason", .text).notNull()
             }
         }
         return migrator

@@ -13,6 +13,9 @@ public enum CloseReason: UInt64, Sendable, Equatable, CustomStringConvertible {
     case timeout = 8
     case overloaded = 9
     case unknownMessage = 10
+    /// The receiver found its own store restored from an older copy (the sender knows writes in
+    /// its name it does not have); it continues as a new replica.
+    case replicaRestored = 11
     case other = 99
 
     public var description: String {
@@ -28,6 +31,7 @@ public enum CloseReason: UInt64, Sendable, Equatable, CustomStringConvertible {
         case .timeout: "peer silent too long"
         case .overloaded: "peer overloaded"
         case .unknownMessage: "unknown message type"
+        case .replicaRestored: "store restored from an older copy; continuing as a new replica"
         case .other: "other"
         }
     }
@@ -75,9 +79,12 @@ public enum Message: Sendable, Equatable {
     case pong(UInt64)
     case goodbye(CloseReason, String)
     case error(CloseReason, String)
+    /// The sender's digest split by collection and writer, sent when digests differ although
+    /// the contexts are equal (a divergence the convergence watchdog repairs).
+    case breakdown(StateDigest, DigestBreakdown)
 
     public enum Kind: UInt8, Sendable {
-        case hello = 1, chunk = 2, delta = 3, ack = 4, digest = 5, ping = 6, pong = 7, goodbye = 8, error = 9
+        case hello = 1, chunk = 2, delta = 3, ack = 4, digest = 5, ping = 6, pong = 7, goodbye = 8, error = 9, breakdown = 11
     }
 
     public var kind: Kind {
@@ -91,6 +98,7 @@ public enum Message: Sendable, Equatable {
         case .pong: .pong
         case .goodbye: .goodbye
         case .error: .error
+        case .breakdown: .breakdown
         }
     }
 
@@ -128,6 +136,21 @@ public enum Message: Sendable, Equatable {
         case .goodbye(let reason, let text), .error(let reason, let text):
             w.varint(1, reason.rawValue)
             w.string(2, text)
+        case .breakdown(let digest, let parts):
+            w.bytes(1, replicaBytes(ReplicaID(high: digest.high, low: digest.low)))
+            var collections: [UInt8] = []
+            Varint.append(UInt64(parts.collections.count), to: &collections)
+            for (name, d) in parts.collections.sorted(by: { $0.key < $1.key }) {
+                Varint.append(UInt64(name.utf8.count), to: &collections)
+                collections += name.utf8
+                collections += ReplicaID(high: d.high, low: d.low).bigEndianBytes
+            }
+            w.bytes(2, collections)
+            var writers: [UInt8] = []
+            for (id, d) in parts.writers.sorted(by: { $0.key < $1.key }) {
+                writers += id.bigEndianBytes + ReplicaID(high: d.high, low: d.low).bigEndianBytes
+            }
+            w.bytes(3, writers)
         }
         return w.bytes
     }
@@ -185,6 +208,29 @@ public enum Message: Sendable, Equatable {
             return kind == .goodbye ? .goodbye(reason, text) : .error(reason, text)
         case .delta:
             throw .malformed(message: "delta", detail: "a delta has no fields")
+        case .breakdown:
+            let d = try replica(f.bytes(1, "digest"), "breakdown")
+            var parts = DigestBreakdown()
+            var r = ByteReader(try f.bytes(2, "collections"))
+            guard let count = r.readVarint(), count <= UInt64(r.remaining) else {
+                throw .malformed(message: "breakdown", detail: "collection count")
+            }
+            for _ in 0..<count {
+                guard let name = r.readLengthPrefixed().flatMap({ String(validating: $0, as: UTF8.self) }),
+                      let raw = r.readBytes(16), let digest = ReplicaID(bigEndianBytes: raw) else {
+                    throw .malformed(message: "breakdown", detail: "collection entry")
+                }
+                parts.collections[name] = StateDigest(high: digest.high, low: digest.low)
+            }
+            guard r.isAtEnd else { throw .malformed(message: "breakdown", detail: "trailing bytes") }
+            let writers = try f.bytes(3, "writers")
+            guard writers.count % 32 == 0 else { throw .malformed(message: "breakdown", detail: "writer entries are 32 bytes") }
+            for start in stride(from: 0, to: writers.count, by: 32) {
+                let id = ReplicaID(bigEndianBytes: writers[start..<(start + 16)])!
+                let digest = ReplicaID(bigEndianBytes: writers[(start + 16)..<(start + 32)])!
+                parts.writers[id] = StateDigest(high: digest.high, low: digest.low)
+            }
+            return .breakdown(StateDigest(high: d.high, low: d.low), parts)
         }
     }
 }

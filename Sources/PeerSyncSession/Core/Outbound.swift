@@ -13,6 +13,8 @@ struct OutboundQueue {
     var ping: UInt64?
     var ackDue = false
     var digestDue = false
+    /// Send our digest breakdown (a divergence was found).
+    var breakdownDue = false
     /// Local and forwarded deltas, joined.
     var deltas: RecordMap?
     var deltaBytes = 0
@@ -27,7 +29,7 @@ struct OutboundQueue {
     var flushBeforeFinal = false
 
     var hasWork: Bool {
-        hello != nil || pong != nil || ping != nil || ackDue || digestDue || deltas != nil || resync
+        hello != nil || pong != nil || ping != nil || ackDue || digestDue || breakdownDue || deltas != nil || resync
             || catchUp != nil || nextCatchUp != nil || final != nil
     }
 

@@ -39,6 +39,10 @@ struct PeerSession {
     var endReason: SessionEndReason?
     /// `peerConnected` was reported for this session.
     var announced = false
+    /// The context of the peer's last ack (its digest that follows describes this state).
+    var lastAckContext: CausalContext?
+    /// When the watchdog last repaired this session by a full-state exchange.
+    var lastRepairAt: MonotonicInstant?
     /// Received catch-up chunks waiting to be committed together.
     var batch: [RecordMap] = []
     var batchBytes = 0
@@ -131,6 +135,10 @@ extension PeerSession {
             if out.digestDue {
                 add(Message.digest(state.digest, records: UInt64(state.records.recordCount)).encodedFrame())
                 out.digestDue = false
+            }
+            if out.breakdownDue {
+                add(Message.breakdown(state.digest, state.records.digestBreakdown()).encodedFrame())
+                out.breakdownDue = false
             }
             if out.resync {
                 out.resync = false

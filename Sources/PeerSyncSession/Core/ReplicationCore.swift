@@ -55,6 +55,8 @@ struct ReplicationCore {
     private var contextBeforeCommit = CausalContext()
     private var nextCommitID: UInt64 = 1
     private var shuttingDown = false
+    /// Full-state repairs the convergence watchdog made.
+    private(set) var repairs = 0
 
     init(settings: Settings) {
         self.settings = settings
@@ -182,6 +184,7 @@ struct ReplicationCore {
         case .established(let hello):
             return register(id, hello: hello, now: now, state: state)
         case .applyChunk(let delta, let index, let count, let records):
+            if let refusal = ownNameRefusal(delta, state: state) { return refuse(id, .malformed, refusal, now: now) }
             var session = sessions[id]!
             session.batch.append(delta)
             session.batchBytes += delta.approximateWireBytes
@@ -199,10 +202,12 @@ struct ReplicationCore {
             }
             return actions
         case .applyDelta(let delta):
+            if let refusal = ownNameRefusal(delta, state: state) { return refuse(id, .malformed, refusal, now: now) }
             queued.append(ApplyPart(session: id, deltas: [delta], endsRound: false, origin: origin(of: sessions[id]!)))
             return []
         case .acked(let context, let neighbors):
             sessions[id]!.delivered.merge(context)
+            sessions[id]!.lastAckContext = context
             if let neighbors { sessions[id]!.neighbors = Set(neighbors) }
             return []
         case .digest(let digest, _):
@@ -212,7 +217,16 @@ struct ReplicationCore {
                 return [.event(.converged(info, digest: digest))]
             }
             sessions[id]!.changedSinceDigest = true
-            return []
+            guard sessions[id]!.lastAckContext == state.context else { return [] }
+            return watchdog(id, info: info, now: now, state: state)
+        case .breakdown(_, let theirs):
+            guard let info = sessions[id]!.info else { return [] }
+            let (collections, writers) = state.records.digestBreakdown().differences(from: theirs)
+            return [.log(CoreLog(.warning, "divergence with a peer", [
+                        "peer.id": info.replicaID.shortDescription, "differs.collections": collections.joined(separator: ","),
+                        "differs.writers": writers.map(\.shortDescription).joined(separator: ","),
+                    ])),
+                    .event(.divergenceDetail(info, collections: collections, writers: writers))]
         case .close(let reason, let text, let notifyPeer):
             if notifyPeer { return refuse(id, reason, text, now: now) }
             var session = sessions[id]!
@@ -223,6 +237,29 @@ struct ReplicationCore {
         }
     }
 
+    /// The convergence watchdog: both sides claim the same events but their states differ — a bug
+    /// here or in the peer's implementation, or a store restored under the same replica ID. Each
+    /// side sends its full state (joining heals any such split), and its digest breakdown so the
+    /// other can log where they differed. At most one repair a minute per session.
+    private mutating func watchdog(_ id: SessionID, info: PeerInfo, now: MonotonicInstant, state: ReplicaState) -> [Action] {
+        if let last = sessions[id]!.lastRepairAt, now - last < .seconds(60) { return [] }
+        sessions[id]!.lastRepairAt = now
+        sessions[id]!.out.push(catchUp: state.records)
+        sessions[id]!.out.breakdownDue = true
+        repairs += 1
+        return [.log(CoreLog(.warning, "digests differ although both sides hold the same events; repairing by a full-state exchange",
+                             ["peer.id": info.replicaID.shortDescription, "repairs": "\(repairs)"])),
+                .event(.divergenceRepaired(info, repairs: repairs)),
+                .wake(id)]
+    }
+
+    /// A peer may echo writes in this replica's name, but never ones it did not make.
+    private func ownNameRefusal(_ delta: RecordMap, state: ReplicaState) -> String? {
+        let issued = state.context.maxCounter(of: settings.localReplica)
+        guard let claimed = delta.highestCounter(of: settings.localReplica), claimed > issued else { return nil }
+        return "the delta holds a write by this replica (counter \(claimed)) that it never made (its last is \(issued))"
+    }
+
     private func origin(of session: PeerSession) -> String {
         "peer:" + (session.peer?.replicaID.shortDescription ?? session.origin.address)
     }
@@ -230,6 +267,19 @@ struct ReplicationCore {
     /// Admits an established session under the duplicate rule and queues its catch-up.
     private mutating func register(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: ReplicaState) -> [Action] {
         var actions: [Action] = []
+        let issued = state.context.maxCounter(of: settings.localReplica)
+        let known = hello.context.maxCounter(of: settings.localReplica)
+        if known > issued {
+            // The peer has writes in our name we do not: this store was restored from an older copy
+            // (or copied, and the copy wrote). Writing on under this ID would reuse dots.
+            let info = PeerInfo(replicaID: hello.replicaID, name: hello.name, address: sessions[id]!.origin.address,
+                                dialed: sessions[id]!.origin.initiator)
+            return refuse(id, .replicaRestored, "the peer knows \(known) writes by this replica, this store has \(issued)", now: now)
+                + [.event(.restoredStoreDetected(info, replica: settings.localReplica, peerKnows: known, localHas: issued))]
+        }
+        if established[hello.replicaID] == nil, established.count >= settings.limits.sessions {
+            return refuse(id, .overloaded, "this node has \(established.count) sessions, its limit", now: now)
+        }
         if let existingID = established[hello.replicaID], let existing = sessions[existingID] {
             // Of two sessions between one pair, the one dialed by the lower replica ID survives
             // (if both were dialed by the same side, the newer one); both ends decide alike.
@@ -480,3 +530,22 @@ struct CoreLog: Equatable {
 
 /// `value` as an `Int`, clamped (peer-supplied counts are informational).
 func clampedInt(_ value: UInt64) -> Int { value > UInt64(Int.max) ? Int.max : Int(value) }
+
+extension RecordMap {
+    /// The highest counter of `replica` anywhere in this map — its context, field dots, presence
+    /// entries and removers — or nil if it appears nowhere.
+    func highestCounter(of replica: ReplicaID) -> UInt64? {
+        var highest: UInt64? = context.replicas.contains(replica) ? context.maxCounter(of: replica) : nil
+        func note(_ counter: UInt64) { highest = max(highest ?? 0, counter) }
+        for records in collections.values {
+            for state in records.values {
+                for register in state.fields.values where register.dot.replica == replica { note(register.dot.counter) }
+                for (writer, entry) in state.presence {
+                    if writer == replica { note(entry.counter) }
+                    if let remover = entry.removedBy, remover.replica == replica { note(remover.counter) }
+                }
+            }
+        }
+        return highest
+    }
+}
