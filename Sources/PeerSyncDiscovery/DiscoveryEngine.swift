@@ -8,26 +8,20 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import PeerSyncCRDT
 
-/// One DNS-SD reference and what it is for. The engine keeps it alive (in `operations`, then in
-/// `retired` until deallocated); callbacks find it through the `Unmanaged` context pointer.
+/// One DNS-SD reference and the policy operation it carries out. The engine keeps it alive (in
+/// `operations`, then in `retired` until deallocated); callbacks find it through the
+/// `Unmanaged` context pointer.
 final class DNSSDOperation {
-    enum Kind {
-        case register
-        case browse
-        case resolve(ServiceKey)
-        case queryAddress(ServiceKey)
-    }
-
+    /// Creation order: references are polled, and their callbacks run, in this order.
     let id: Int
-    let kind: Kind
+    let kind: DiscoveryPolicy.Operation
     var ref: DNSServiceRef?
     /// False once retired: callbacks still queued inside one `DNSServiceProcessResult` are ignored.
     var isActive = true
     weak var engine: DiscoveryEngine?
 
-    init(id: Int, kind: Kind, engine: DiscoveryEngine) {
+    init(id: Int, kind: DiscoveryPolicy.Operation, engine: DiscoveryEngine) {
         self.id = id
         self.kind = kind
         self.engine = engine
@@ -40,58 +34,25 @@ final class DNSSDOperation {
         let operation = Unmanaged<DNSSDOperation>.fromOpaque(context).takeUnretainedValue()
         return operation.isActive ? operation : nil
     }
-}
 
-/// A browsed service instance: name, type and domain as the browse callback gives them.
-struct ServiceKey: Hashable {
-    let name: String
-    let type: String
-    let domain: String
-}
-
-/// What the engine knows about one browsed service instance.
-final class ServiceState {
-    let key: ServiceKey
-    var interfaceIndex: UInt32
-    /// Browse "add"s minus "remove"s (IPv6 doubles every event); the instance is present while > 0.
-    var presence = 0
-    var resolveOperation: DNSSDOperation?
-    var queryOperation: DNSSDOperation?
-    /// SRV + TXT of the resolution in progress, waiting for the A record.
-    var pendingPort: UInt16 = 0
-    var pendingTXT: [String: String] = [:]
-    /// Deadline of the resolution in progress (resolve + address query).
-    var attemptDeadline: ContinuousClock.Instant?
-    /// When to try again after a failed resolution.
-    var retryAt: ContinuousClock.Instant?
-    var failures = 0
-    /// The peer last reported with `.found`.
-    var reported: DiscoveredPeer?
-    /// This node's own advertisement: never reported.
-    var isSelf = false
-    /// Reported before an outage and not yet seen again since the daemon came back.
-    var isStale = false
-
-    init(key: ServiceKey, interfaceIndex: UInt32) {
-        self.key = key
-        self.interfaceIndex = interfaceIndex
+    /// Hands `event` to the engine (if the reference is still in use).
+    func send(_ event: DiscoveryPolicy.Event) {
+        engine?.send(event)
     }
 
-    var isResolving: Bool { resolveOperation != nil || queryOperation != nil }
+    /// Reports a failure given by a callback's error code (0 with missing data counts as unknown).
+    func fail(_ code: DNSServiceErrorType) {
+        send(.operationFailed(kind, DNSSDError(code: code == 0 ? DNSSDError.unknown.code : code)))
+    }
 }
 
-/// The state machine of one discovery run. It lives on, and is only ever touched by, the run's
-/// thread: it is created there, and DNS-SD calls its callbacks on the thread that calls
-/// `DNSServiceProcessResult`, which is that thread.
+/// The DNS-SD side of one discovery run: it owns the references, drives them with `poll()`,
+/// turns callbacks into ``DiscoveryPolicy`` events and carries out the policy's actions. Every
+/// decision is the policy's.
+///
+/// It lives on, and is only ever touched by, the run's thread: it is created there, and DNS-SD
+/// calls its callbacks on the thread that calls `DNSServiceProcessResult`, which is that thread.
 final class DiscoveryEngine {
-    static let firstBackoff: Duration = .milliseconds(500)
-    static let longestBackoff: Duration = .seconds(5)
-    /// Longest time for one resolution (SRV/TXT, then A record) before it is abandoned and retried.
-    static let resolveTimeout: Duration = .seconds(10)
-    static let longestResolveRetry: Duration = .seconds(30)
-    /// After the daemon comes back, peers reported before the outage that browsing does not
-    /// report again within this time are reported lost.
-    static let staleGrace: Duration = .seconds(5)
     /// Longest single `poll()`: the stop flag is checked at least this often even without a pipe.
     static let longestPoll: Duration = .milliseconds(250)
 
@@ -101,18 +62,11 @@ final class DiscoveryEngine {
     private let advertisement: PeerAdvertisement?
     /// The advertisement's TXT record; nil if it cannot be encoded (an entry over 255 bytes).
     private let txtRecord: [UInt8]?
+    private var policy: DiscoveryPolicy
 
-    private var operations: [Int: DNSSDOperation] = [:]
+    private var operations: [DiscoveryPolicy.Operation: DNSSDOperation] = [:]
     private var retired: [DNSSDOperation] = []
     private var nextOperationID = 0
-    private var services: [ServiceKey: ServiceState] = [:]
-
-    private var isConnected = false
-    private var inOutage = false
-    private var registeredName: String?
-    private var nextConnectAt: ContinuousClock.Instant
-    private var backoff = DiscoveryEngine.firstBackoff
-    private var staleDeadline: ContinuousClock.Instant?
 
     init(run: DiscoveryRun, continuation: AsyncStream<DiscoveryEvent>.Continuation, serviceType: String,
          advertisement: PeerAdvertisement?) {
@@ -121,7 +75,7 @@ final class DiscoveryEngine {
         self.serviceType = serviceType
         self.advertisement = advertisement
         self.txtRecord = advertisement.flatMap { TXTRecord.encode($0.txtEntries) }
-        self.nextConnectAt = .now
+        self.policy = DiscoveryPolicy(advertisement: advertisement, startingAt: .now)
     }
 
     // MARK: - Loop
@@ -134,9 +88,7 @@ final class DiscoveryEngine {
             run.markExited()
         }
         while !run.stopRequested {
-            let now = ContinuousClock.now
-            if !isConnected && now >= nextConnectAt { connect() }
-            runTimers(now: .now)
+            send(.tick)
             deallocateRetired()
             if run.stopRequested { break }
             pollOnce()
@@ -161,10 +113,10 @@ final class DiscoveryEngine {
             guard revents != 0, operation.isActive, let ref = operation.ref else { continue }
             if revents & Int16(POLLIN) != 0 {
                 let error = DNSServiceProcessResult(ref)
-                if error != 0, operation.isActive { operationFailed(operation, DNSSDError(code: error)) }
+                if error != 0, operation.isActive { operation.fail(error) }
             } else {
                 // POLLHUP / POLLERR / POLLNVAL without data: the library's side of the socket is gone.
-                operationFailed(operation, .unknown)
+                operation.fail(DNSSDError.unknown.code)
             }
             deallocateRetired()
             if run.stopRequested { return }
@@ -172,325 +124,157 @@ final class DiscoveryEngine {
     }
 
     private func timeoutMilliseconds(now: ContinuousClock.Instant) -> Int32 {
-        var deadline = now + DiscoveryEngine.longestPoll
-        if !isConnected { deadline = min(deadline, nextConnectAt) }
-        if let staleDeadline { deadline = min(deadline, staleDeadline) }
-        for service in services.values {
-            if let attempt = service.attemptDeadline { deadline = min(deadline, attempt) }
-            if let retry = service.retryAt { deadline = min(deadline, retry) }
-        }
-        let wait = deadline - now
+        let longest = now + DiscoveryEngine.longestPoll
+        let wait = min(longest, policy.nextDeadline ?? longest) - now
         guard wait > .zero else { return 0 }
         let (seconds, attoseconds) = wait.components
         return Int32(seconds * 1_000 + (attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000)
     }
 
-    private func runTimers(now: ContinuousClock.Instant) {
-        if let deadline = staleDeadline, now >= deadline {
-            staleDeadline = nil
-            for service in Array(services.values) where service.isStale {
-                forget(service, reportLost: true)
-            }
-        }
-        for service in Array(services.values) {
-            if let deadline = service.attemptDeadline, now >= deadline {
-                resolutionFailed(service)
-            }
-            if let retry = service.retryAt, now >= retry, !service.isResolving {
-                service.retryAt = nil
-                if service.presence > 0 && isConnected { startResolve(service) }
+    // MARK: - Policy
+
+    /// Hands `event` to the policy and carries out its actions. A reference that cannot be
+    /// created becomes the next event (handled after the rest of the current actions).
+    fileprivate func send(_ event: DiscoveryPolicy.Event) {
+        var events = [event]
+        while !events.isEmpty {
+            for action in policy.handle(events.removeFirst(), at: .now) {
+                if let followUp = perform(action) { events.append(followUp) }
             }
         }
     }
 
-    // MARK: - Connection and outages
+    private func perform(_ action: DiscoveryPolicy.Action) -> DiscoveryPolicy.Event? {
+        switch action {
+        case .connect:
+            return connect()
+        case .disconnect:
+            for operation in Array(operations.values) { retire(operation) }
+        case .startResolve(let key, let interfaceIndex):
+            return startResolve(key, interfaceIndex: interfaceIndex)
+        case .startAddressQuery(let key, let hostTarget, let interfaceIndex):
+            return startAddressQuery(key, hostTarget: hostTarget, interfaceIndex: interfaceIndex)
+        case .cancel(let kind):
+            if let operation = operations[kind] { retire(operation) }
+        case .report(let event):
+            continuation.yield(event)
+        }
+        return nil
+    }
 
-    private func connect() {
+    // MARK: - DNS-SD calls
+
+    /// Registers the advertisement (if any) and browses `serviceType`.
+    private func connect() -> DiscoveryPolicy.Event? {
         if let advertisement {
             // A TXT entry over 255 bytes (a very long group tag) is a caller error: reported like a
             // failed registration (kDNSServiceErr_BadParam), without asking the daemon.
-            guard let txtRecord else {
-                connectFailed(.badParam)
-                return
-            }
-            let operation = makeOperation(.register)
-            var ref: DNSServiceRef?
-            let error = advertisement.serviceName.withCString { name in
-                serviceType.withCString { type in
-                    txtRecord.withUnsafeBytes { txt in
-                        DNSServiceRegister(
-                            &ref, 0, 0, name, type, nil, nil, advertisement.port.bigEndian,
-                            UInt16(txt.count), txt.count > 0 ? txt.baseAddress : nil,
-                            { _, _, errorCode, name, _, _, context in
-                                guard let operation = DNSSDOperation.from(context) else { return }
-                                operation.engine?.registerReply(
-                                    operation, error: errorCode, name: name.map { String(cString: $0) })
-                            },
-                            operation.context)
+            guard let txtRecord else { return .operationFailed(.register, .badParam) }
+            let failure = start(.register) { ref, context in
+                advertisement.serviceName.withCString { name in
+                    serviceType.withCString { type in
+                        txtRecord.withUnsafeBytes { txt in
+                            DNSServiceRegister(
+                                &ref, 0, 0, name, type, nil, nil, advertisement.port.bigEndian,
+                                UInt16(txt.count), txt.count > 0 ? txt.baseAddress : nil,
+                                { _, _, errorCode, name, _, _, context in
+                                    guard let operation = DNSSDOperation.from(context) else { return }
+                                    guard errorCode == 0 else { return operation.fail(errorCode) }
+                                    operation.send(.registered(name: name.map { String(cString: $0) }))
+                                },
+                                context)
+                        }
                     }
                 }
             }
-            guard error == 0, let ref else {
-                connectFailed(DNSSDError(code: error == 0 ? DNSSDError.unknown.code : error))
-                return
-            }
-            activate(operation, ref: ref)
+            if let failure { return failure }
         }
-
-        let operation = makeOperation(.browse)
-        var ref: DNSServiceRef?
-        let error = serviceType.withCString { type in
-            "local.".withCString { domain in
-                DNSServiceBrowse(
-                    &ref, 0, 0, type, domain,
-                    { _, flags, interfaceIndex, errorCode, name, type, domain, context in
-                        guard let operation = DNSSDOperation.from(context) else { return }
-                        operation.engine?.browseReply(
-                            operation, flags: flags, interfaceIndex: interfaceIndex, error: errorCode,
-                            name: name.map { String(cString: $0) }, type: type.map { String(cString: $0) },
-                            domain: domain.map { String(cString: $0) })
-                    },
-                    operation.context)
-            }
-        }
-        guard error == 0, let ref else {
-            connectFailed(DNSSDError(code: error == 0 ? DNSSDError.unknown.code : error))
-            return
-        }
-        activate(operation, ref: ref)
-
-        isConnected = true
-        backoff = DiscoveryEngine.firstBackoff
-        if inOutage {
-            inOutage = false
-            continuation.yield(.recovered)
-        }
-        if services.values.contains(where: \.isStale) {
-            staleDeadline = .now + DiscoveryEngine.staleGrace
-        }
-    }
-
-    private func connectFailed(_ error: DNSSDError) {
-        enterOutage(error)
-    }
-
-    /// The daemon is unreachable (or registration/browsing broke): drop every reference, report it
-    /// once, and schedule a reconnection with backoff.
-    private func enterOutage(_ error: DNSSDError) {
-        for operation in Array(operations.values) { retire(operation) }
-        isConnected = false
-        registeredName = nil
-        staleDeadline = nil
-        for service in Array(services.values) {
-            service.resolveOperation = nil
-            service.queryOperation = nil
-            service.attemptDeadline = nil
-            service.retryAt = nil
-            service.failures = 0
-            service.presence = 0
-            if service.reported != nil && !service.isSelf {
-                service.isStale = true
-            } else {
-                services[service.key] = nil
-            }
-        }
-        if !inOutage {
-            inOutage = true
-            continuation.yield(.unavailable(error))
-        }
-        nextConnectAt = .now + backoff
-        backoff = min(backoff * 2, DiscoveryEngine.longestBackoff)
-    }
-
-    private func operationFailed(_ operation: DNSSDOperation, _ error: DNSSDError) {
-        switch operation.kind {
-        case .register, .browse:
-            enterOutage(error)
-        case .resolve(let key), .queryAddress(let key):
-            // Resolver errors include plain timeouts (also mapped to kDNSServiceErr_Unknown), so they
-            // only fail this resolution; a dead daemon is reported through register/browse.
-            if let service = services[key] { resolutionFailed(service) } else { retire(operation) }
-        }
-    }
-
-    // MARK: - Callbacks
-
-    fileprivate func registerReply(_ operation: DNSSDOperation, error: DNSServiceErrorType, name: String?) {
-        guard error == 0 else {
-            enterOutage(DNSSDError(code: error))
-            return
-        }
-        let chosen = name ?? advertisement?.serviceName ?? ""
-        if chosen != registeredName {
-            registeredName = chosen
-            continuation.yield(.registered(name: chosen))
-        }
-    }
-
-    fileprivate func browseReply(_ operation: DNSSDOperation, flags: DNSServiceFlags, interfaceIndex: UInt32,
-                                 error: DNSServiceErrorType, name: String?, type: String?, domain: String?) {
-        guard error == 0 else {
-            enterOutage(DNSSDError(code: error))
-            return
-        }
-        guard let name, let type, let domain else { return }
-        let key = ServiceKey(name: name, type: type, domain: domain)
-        if flags & DNSServiceFlags(kDNSServiceFlagsAdd) != 0 {
-            let service = services[key] ?? ServiceState(key: key, interfaceIndex: interfaceIndex)
-            services[key] = service
-            service.presence += 1
-            guard service.presence == 1 else { return }  // a double (IPv6) of an instance already present
-            service.interfaceIndex = interfaceIndex
-            service.isStale = false
-            service.failures = 0
-            service.retryAt = nil
-            if !service.isResolving { startResolve(service) }
-        } else {
-            guard let service = services[key] else { return }
-            service.presence = max(0, service.presence - 1)
-            if service.presence == 0 { forget(service, reportLost: true) }
-        }
-    }
-
-    fileprivate func resolveReply(_ operation: DNSSDOperation, interfaceIndex: UInt32, error: DNSServiceErrorType,
-                                  hostTarget: String?, port: UInt16, txt: UnsafeRawBufferPointer) {
-        guard case .resolve(let key) = operation.kind, let service = services[key],
-              service.resolveOperation === operation else {
-            retire(operation)
-            return
-        }
-        guard error == 0, let hostTarget else {
-            resolutionFailed(service)
-            return
-        }
-        retire(operation)
-        service.resolveOperation = nil
-        service.pendingPort = UInt16(bigEndian: port)
-        service.pendingTXT = TXTRecord.decode(txt)
-        if let own = advertisement?.replicaID, service.pendingTXT["id"].flatMap(ReplicaID.init(hex:)) == own {
-            service.isSelf = true
-            service.attemptDeadline = nil
-            return
-        }
-        startAddressQuery(service, hostTarget: hostTarget, interfaceIndex: interfaceIndex)
-    }
-
-    fileprivate func queryReply(_ operation: DNSSDOperation, flags: DNSServiceFlags, error: DNSServiceErrorType,
-                                recordType: UInt16, data: UnsafeRawBufferPointer) {
-        guard case .queryAddress(let key) = operation.kind, let service = services[key],
-              service.queryOperation === operation else {
-            retire(operation)
-            return
-        }
-        guard error == 0 else {
-            resolutionFailed(service)
-            return
-        }
-        guard flags & DNSServiceFlags(kDNSServiceFlagsAdd) != 0,
-              recordType == UInt16(kDNSServiceType_A), data.count == 4 else { return }
-        retire(operation)
-        service.queryOperation = nil
-        service.attemptDeadline = nil
-        service.failures = 0
-        let host = "\(data[0]).\(data[1]).\(data[2]).\(data[3])"
-        let txt = service.pendingTXT
-        let peer = DiscoveredPeer(
-            serviceName: service.key.name, host: host, port: service.pendingPort,
-            replicaID: txt["id"].flatMap(ReplicaID.init(hex:)), groupTag: txt["g"],
-            protocolVersion: txt["v"].flatMap { Int($0) })
-        if peer != service.reported {
-            service.reported = peer
-            continuation.yield(.found(peer))
-        }
-    }
-
-    // MARK: - Resolution
-
-    private func startResolve(_ service: ServiceState) {
-        let operation = makeOperation(.resolve(service.key))
-        var ref: DNSServiceRef?
-        let key = service.key
-        let error = key.name.withCString { name in
-            key.type.withCString { type in
-                key.domain.withCString { domain in
-                    DNSServiceResolve(
-                        &ref, 0, service.interfaceIndex, name, type, domain,
-                        { _, _, interfaceIndex, errorCode, _, hostTarget, port, txtLength, txtRecord, context in
+        let failure = start(.browse) { ref, context in
+            serviceType.withCString { type in
+                "local.".withCString { domain in
+                    DNSServiceBrowse(
+                        &ref, 0, 0, type, domain,
+                        { _, flags, interfaceIndex, errorCode, name, type, domain, context in
                             guard let operation = DNSSDOperation.from(context) else { return }
-                            let txt = UnsafeRawBufferPointer(
-                                start: txtRecord, count: txtRecord == nil ? 0 : Int(txtLength))
-                            operation.engine?.resolveReply(
-                                operation, interfaceIndex: interfaceIndex, error: errorCode,
-                                hostTarget: hostTarget.map { String(cString: $0) }, port: port, txt: txt)
+                            guard errorCode == 0 else { return operation.fail(errorCode) }
+                            guard let name, let type, let domain else { return }
+                            let key = ServiceKey(
+                                name: String(cString: name), type: String(cString: type), domain: String(cString: domain))
+                            operation.send(flags & DNSServiceFlags(kDNSServiceFlagsAdd) != 0
+                                ? .browseAdded(key, interfaceIndex: interfaceIndex) : .browseRemoved(key))
                         },
-                        operation.context)
+                        context)
                 }
             }
         }
-        service.attemptDeadline = .now + DiscoveryEngine.resolveTimeout
-        guard error == 0, let ref else {
-            resolutionFailed(service)
-            return
-        }
-        activate(operation, ref: ref)
-        service.resolveOperation = operation
+        return failure ?? .daemonConnected
     }
 
-    private func startAddressQuery(_ service: ServiceState, hostTarget: String, interfaceIndex: UInt32) {
-        let operation = makeOperation(.queryAddress(service.key))
-        var ref: DNSServiceRef?
-        let error = hostTarget.withCString { host in
-            DNSServiceQueryRecord(
-                &ref, 0, interfaceIndex, host, UInt16(kDNSServiceType_A), UInt16(kDNSServiceClass_IN),
-                { _, flags, _, errorCode, _, recordType, _, length, data, _, context in
-                    guard let operation = DNSSDOperation.from(context) else { return }
-                    let bytes = UnsafeRawBufferPointer(start: data, count: data == nil ? 0 : Int(length))
-                    operation.engine?.queryReply(
-                        operation, flags: flags, error: errorCode, recordType: recordType, data: bytes)
-                },
-                operation.context)
+    private func startResolve(_ key: ServiceKey, interfaceIndex: UInt32) -> DiscoveryPolicy.Event? {
+        start(.resolve(key)) { ref, context in
+            key.name.withCString { name in
+                key.type.withCString { type in
+                    key.domain.withCString { domain in
+                        DNSServiceResolve(
+                            &ref, 0, interfaceIndex, name, type, domain,
+                            { _, _, interfaceIndex, errorCode, _, hostTarget, port, txtLength, txtRecord, context in
+                                guard let operation = DNSSDOperation.from(context),
+                                      case .resolve(let key) = operation.kind else { return }
+                                guard errorCode == 0, let hostTarget else { return operation.fail(errorCode) }
+                                let txt = UnsafeRawBufferPointer(
+                                    start: txtRecord, count: txtRecord == nil ? 0 : Int(txtLength))
+                                operation.send(.resolved(
+                                    key, hostTarget: String(cString: hostTarget), interfaceIndex: interfaceIndex,
+                                    port: UInt16(bigEndian: port), txt: TXTRecord.decode(txt)))
+                            },
+                            context)
+                    }
+                }
+            }
         }
-        guard error == 0, let ref else {
-            resolutionFailed(service)
-            return
-        }
-        activate(operation, ref: ref)
-        service.queryOperation = operation
     }
 
-    /// Abandons the resolution in progress and schedules another (1 s doubling to 30 s) while the
-    /// instance is still being browsed.
-    private func resolutionFailed(_ service: ServiceState) {
-        if let operation = service.resolveOperation { retire(operation) }
-        if let operation = service.queryOperation { retire(operation) }
-        service.resolveOperation = nil
-        service.queryOperation = nil
-        service.attemptDeadline = nil
-        service.failures += 1
-        let delay = min(Duration.seconds(1) * (1 << min(service.failures - 1, 5)), DiscoveryEngine.longestResolveRetry)
-        service.retryAt = .now + delay
-    }
-
-    /// Drops a service instance; reports it lost if it had been reported found.
-    private func forget(_ service: ServiceState, reportLost: Bool) {
-        if let operation = service.resolveOperation { retire(operation) }
-        if let operation = service.queryOperation { retire(operation) }
-        services[service.key] = nil
-        if reportLost, service.reported != nil, !service.isSelf {
-            continuation.yield(.lost(serviceName: service.key.name))
+    private func startAddressQuery(_ key: ServiceKey, hostTarget: String, interfaceIndex: UInt32)
+        -> DiscoveryPolicy.Event?
+    {
+        start(.addressQuery(key)) { ref, context in
+            hostTarget.withCString { host in
+                DNSServiceQueryRecord(
+                    &ref, 0, interfaceIndex, host, UInt16(kDNSServiceType_A), UInt16(kDNSServiceClass_IN),
+                    { _, flags, _, errorCode, _, recordType, _, length, data, _, context in
+                        guard let operation = DNSSDOperation.from(context),
+                              case .addressQuery(let key) = operation.kind else { return }
+                        guard errorCode == 0 else { return operation.fail(errorCode) }
+                        // Removals, other record types and malformed data are not an answer.
+                        guard flags & DNSServiceFlags(kDNSServiceFlagsAdd) != 0,
+                              recordType == UInt16(kDNSServiceType_A), length == 4, let data else { return }
+                        let bytes = UnsafeRawBufferPointer(start: data, count: 4)
+                        operation.send(.addressResolved(key, ipv4: "\(bytes[0]).\(bytes[1]).\(bytes[2]).\(bytes[3])"))
+                    },
+                    context)
+            }
         }
     }
 
     // MARK: - References
 
-    private func makeOperation(_ kind: DNSSDOperation.Kind) -> DNSSDOperation {
+    /// Creates the reference for `kind` with `call` (a `DNSService…` function given the reference
+    /// to fill in and the callback context). Returns nil on success, else the failure event.
+    private func start(
+        _ kind: DiscoveryPolicy.Operation,
+        _ call: (inout DNSServiceRef?, UnsafeMutableRawPointer) -> DNSServiceErrorType
+    ) -> DiscoveryPolicy.Event? {
         nextOperationID += 1
-        return DNSSDOperation(id: nextOperationID, kind: kind, engine: self)
-    }
-
-    private func activate(_ operation: DNSSDOperation, ref: DNSServiceRef) {
+        let operation = DNSSDOperation(id: nextOperationID, kind: kind, engine: self)
+        var ref: DNSServiceRef?
+        let error = call(&ref, operation.context)
+        guard error == 0, let ref else {
+            return .operationFailed(kind, DNSSDError(code: error == 0 ? DNSSDError.unknown.code : error))
+        }
+        if let previous = operations[kind] { retire(previous) }
         operation.ref = ref
-        operations[operation.id] = operation
+        operations[kind] = operation
+        return nil
     }
 
     /// Stops using a reference. It is deallocated after the current `DNSServiceProcessResult`
@@ -498,7 +282,7 @@ final class DiscoveryEngine {
     private func retire(_ operation: DNSSDOperation) {
         guard operation.isActive else { return }
         operation.isActive = false
-        operations[operation.id] = nil
+        if operations[operation.kind] === operation { operations[operation.kind] = nil }
         if operation.ref != nil { retired.append(operation) }
     }
 

@@ -3,7 +3,6 @@ import Glibc
 #elseif canImport(Darwin)
 import Darwin
 #endif
-import Dispatch
 import Foundation
 import PeerSyncCRDT
 import Synchronization
@@ -31,7 +30,12 @@ import Synchronization
 /// happens on it, driven by `poll()` on the references' sockets, so `DNSServiceProcessResult`
 /// never blocks and all callbacks run there. The state the callbacks touch is confined to that
 /// thread; the only state shared with callers is the current run, guarded by a `Mutex`, and the
-/// run's stop flag (an `Atomic`) and wake-up pipe.
+/// run's stop flag (an `Atomic`), wake-up pipe and exit signal. No call blocks its caller: ``stop()``
+/// only requests the stop, and ``stopAndWait(timeout:)`` suspends until the thread has exited.
+///
+/// Every decision (presence counting, de-duplication, retries, timeouts, backoff, the grace after
+/// an outage) is made by `DiscoveryPolicy`, a value type tested without sockets or clocks; the
+/// thread only bridges DNS-SD to it.
 public final class PeerDiscovery: Sendable {
     /// The DNS-SD service type browsed and registered, e.g. `_peersync._tcp`.
     public let serviceType: String
@@ -56,12 +60,13 @@ public final class PeerDiscovery: Sendable {
     ///
     /// The stream ends after ``stop()``, or stops the run when its consumer goes away. Calling
     /// `start` while a run is active returns a stream that ends at once; after ``stop()`` it may
-    /// be called again.
+    /// be called again. A new run lets runs that are still stopping (of any `PeerDiscovery` in
+    /// the process) finish first, at most 10 s, so two runs never advertise the same name at once.
     public func start(advertising advertisement: PeerAdvertisement?) -> AsyncStream<DiscoveryEvent> {
         // Discovery produces a handful of events per peer change, so an unbounded buffer stays small.
         let (stream, continuation) = AsyncStream.makeStream(of: DiscoveryEvent.self, bufferingPolicy: .unbounded)
         let run: DiscoveryRun? = current.withLock { current in
-            if let existing = current, !existing.hasExited { return nil }
+            if let existing = current, !existing.stopRequested, !existing.hasExited { return nil }
             let run = DiscoveryRun()
             current = run
             return run
@@ -70,9 +75,11 @@ public final class PeerDiscovery: Sendable {
             continuation.finish()
             return stream
         }
+        let predecessors = DiscoveryRun.stopping(except: run)
         continuation.onTermination = { [weak run] _ in run?.requestStop() }
         let serviceType = serviceType
         let thread = Thread {
+            DiscoveryRun.blockUntilExited(predecessors, timeout: PeerDiscovery.stopTimeout)
             let engine = DiscoveryEngine(
                 run: run, continuation: continuation, serviceType: serviceType, advertisement: advertisement)
             engine.runLoop()
@@ -82,77 +89,30 @@ public final class PeerDiscovery: Sendable {
         return stream
     }
 
-    /// Stops the current run: withdraws the advertisement, deallocates every DNS-SD reference and
-    /// ends the stream. Waits (at most 10 s) for the discovery thread to finish. Safe to call twice.
+    /// Asks the current run to stop and returns at once (it never blocks). The run's thread then
+    /// withdraws the advertisement, deallocates every DNS-SD reference and ends the stream,
+    /// normally within a quarter of a second. Safe to call twice, and from any context; use
+    /// ``stopAndWait(timeout:)`` to know when the run has finished.
     public func stop() {
-        let run = current.withLock { current in
-            let run = current
-            current = nil
-            return run
-        }
-        guard let run else { return }
+        current.withLock { $0 }?.requestStop()
+    }
+
+    /// Stops the current run, like ``stop()``, and suspends until its thread has withdrawn the
+    /// advertisement, deallocated every DNS-SD reference and ended the stream — at most `timeout`.
+    /// It never blocks a thread, so it may be awaited in an actor or on the cooperative pool.
+    ///
+    /// - Returns: true if the run has finished (or there was none); false if it did not finish
+    ///   within `timeout` or the calling task was cancelled (the run still stops later).
+    @discardableResult
+    public func stopAndWait(timeout: Duration = PeerDiscovery.stopTimeout) async -> Bool {
+        guard let run = current.withLock({ $0 }) else { return true }
         run.requestStop()
-        run.waitUntilExited(timeout: .seconds(10))
-    }
-}
-
-/// What the caller's side and the discovery thread of one run share: a stop flag, a pipe that
-/// wakes the thread's `poll()`, and an "exited" signal.
-final class DiscoveryRun: Sendable {
-    private let stopFlag = Atomic<Bool>(false)
-    private let exitedFlag = Atomic<Bool>(false)
-    private let exitedSignal = DispatchSemaphore(value: 0)
-    /// Read end of the wake-up pipe (-1 if the pipe could not be made; the thread then notices a
-    /// stop within its longest poll timeout).
-    let wakeReadFD: Int32
-    private let wakeWriteFD: Int32
-
-    init() {
-        var fds: [Int32] = [-1, -1]
-        if pipe(&fds) == 0 {
-            for fd in fds {
-                _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
-                _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
-            }
-        } else {
-            fds = [-1, -1]
-        }
-        wakeReadFD = fds[0]
-        wakeWriteFD = fds[1]
+        let exited = await run.waitForExit(timeout: timeout)
+        if exited { current.withLock { if $0 === run { $0 = nil } } }
+        return exited
     }
 
-    deinit {
-        if wakeReadFD >= 0 { close(wakeReadFD) }
-        if wakeWriteFD >= 0 { close(wakeWriteFD) }
-    }
-
-    var stopRequested: Bool { stopFlag.load(ordering: .acquiring) }
-    var hasExited: Bool { exitedFlag.load(ordering: .acquiring) }
-
-    func requestStop() {
-        guard !stopFlag.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        guard wakeWriteFD >= 0 else { return }
-        var byte: UInt8 = 1
-        _ = write(wakeWriteFD, &byte, 1)
-    }
-
-    /// Empties the wake-up pipe (called by the discovery thread).
-    func drainWakeups() {
-        guard wakeReadFD >= 0 else { return }
-        var buffer = [UInt8](repeating: 0, count: 64)
-        while read(wakeReadFD, &buffer, buffer.count) > 0 {}
-    }
-
-    /// Called once by the discovery thread as its last action.
-    func markExited() {
-        exitedFlag.store(true, ordering: .releasing)
-        exitedSignal.signal()
-    }
-
-    func waitUntilExited(timeout: DispatchTimeInterval) {
-        guard !hasExited else { return }
-        if exitedSignal.wait(timeout: .now() + timeout) == .success {
-            exitedSignal.signal()  // let any other waiter through too
-        }
-    }
+    /// How long ``stopAndWait(timeout:)`` waits by default, and how long a new run waits for
+    /// stopping ones before it starts anyway.
+    public static let stopTimeout: Duration = .seconds(10)
 }

@@ -10,8 +10,9 @@
 //   {"event":"lost","name":"peer-h2","t":…}
 //   {"event":"unavailable","code":-65537,"error":"kDNSServiceErr_Unknown (-65537): …","t":…}
 //   {"event":"recovered","t":…}
-//   {"event":"stopped","t":…}
-// SIGTERM or SIGINT stops discovery (withdrawing the advertisement) and exits 0.
+//   {"event":"stopped","exited":true,"t":…}
+// SIGTERM or SIGINT stops discovery with `stopAndWait()` (withdrawing the advertisement) and exits 0;
+// "exited" says whether the discovery thread had finished when `stopAndWait()` returned.
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -33,6 +34,7 @@ struct Line: Encodable {
     var port: UInt16?
     var code: Int32?
     var error: String?
+    var exited: Bool?
 }
 
 func monotonicNanoseconds() -> UInt64 {
@@ -105,19 +107,27 @@ let advertisement = options.advertise
     : nil
 let discovery = PeerDiscovery(serviceType: options.serviceType)
 
-/// SIGTERM/SIGINT stop discovery; the event loop below then ends and the process exits 0.
-/// (A plain function, so the handler is not main-actor isolated: it runs on a dispatch queue.)
-func installStopHandlers(stopping discovery: PeerDiscovery) -> [any DispatchSourceSignal] {
+/// SIGTERM/SIGINT are delivered into `signals`; the first one stops discovery, the event loop
+/// below then ends and the process exits 0. (A plain function, so the handler is not main-actor
+/// isolated: it runs on a dispatch queue.)
+func installStopHandlers(_ signals: AsyncStream<Int32>.Continuation) -> [any DispatchSourceSignal] {
     [SIGTERM, SIGINT].map { signalNumber in
         signal(signalNumber, SIG_IGN)
         let source = DispatchSource.makeSignalSource(signal: signalNumber, queue: .global())
-        source.setEventHandler { discovery.stop() }
+        source.setEventHandler { signals.yield(signalNumber) }
         source.resume()
         return source
     }
 }
 
-let signalSources = installStopHandlers(stopping: discovery)
+let (signals, signalled) = AsyncStream.makeStream(of: Int32.self)
+let signalSources = installStopHandlers(signalled)
+let stopper = Task { () -> Bool? in
+    for await _ in signals {
+        return await discovery.stopAndWait()
+    }
+    return nil  // the events ended without a signal
+}
 emit(Line(event: "start"))
 for await event in discovery.start(advertising: advertisement) {
     switch event {
@@ -135,6 +145,7 @@ for await event in discovery.start(advertising: advertisement) {
         emit(Line(event: "recovered"))
     }
 }
-emit(Line(event: "stopped"))
+signalled.finish()
+emit(Line(event: "stopped", exited: await stopper.value))
 withExtendedLifetime(signalSources) {}
 exit(0)

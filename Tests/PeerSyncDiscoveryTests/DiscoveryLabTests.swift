@@ -59,6 +59,7 @@ struct DiscoveryLabTests {
         for probe in probes {
             #expect(probe.stop() == 0, "probe h\(probe.host) did not exit cleanly on SIGTERM")
             #expect(probe.events.last?.event == "stopped")
+            #expect(probe.events.last?.exited == true, "h\(probe.host): stopAndWait() returned before the thread finished")
             probe.checkInvariants()
         }
     }

@@ -1,3 +1,4 @@
+import Foundation
 import PeerSyncCRDT
 import Testing
 
@@ -42,5 +43,61 @@ struct DiscoveryUnitTests {
         #expect(!DNSSDError(code: -65548).isDaemonUnreachable)
         #expect(DNSSDError(code: -1).description == "DNSServiceErrorType (-1): DNS-SD call failed")
     }
+}
 
+/// The handshake between callers and a run's thread, with a plain thread standing in for the
+/// discovery thread (no DNS-SD).
+@Suite("Discovery run stop and exit")
+struct DiscoveryRunTests {
+    @Test("Awaiting the exit returns true once the thread has exited, at once if it already has")
+    func waitForExitReturnsOnExit() async {
+        let run = DiscoveryRun()
+        run.requestStop()
+        #expect(run.stopRequested)
+        let thread = Thread { run.markExited() }
+        thread.start()
+        #expect(await run.waitForExit(timeout: .seconds(30)))
+        #expect(run.hasExited)
+        #expect(await run.waitForExit(timeout: .zero))
+    }
+
+    @Test("Awaiting the exit of a thread that does not exit times out with false")
+    func waitForExitTimesOut() async {
+        let run = DiscoveryRun()
+        defer { run.markExited() }
+        #expect(await run.waitForExit(timeout: .milliseconds(50)) == false)
+        #expect(!run.hasExited)
+    }
+
+    @Test("A cancelled wait returns false; other waiters still see the exit")
+    func waitForExitCancelled() async {
+        let run = DiscoveryRun()
+        let cancelled = Task { await run.waitForExit(timeout: .seconds(30)) }
+        let patient = Task { await run.waitForExit(timeout: .seconds(30)) }
+        cancelled.cancel()
+        #expect(await cancelled.value == false)
+        run.markExited()
+        #expect(await patient.value)
+    }
+
+    @Test("A run asked to stop counts as stopping until its thread exits; new runs wait for it")
+    func stoppingRunsAreKnownUntilExit() async {
+        let old = DiscoveryRun()
+        let new = DiscoveryRun()
+        #expect(!DiscoveryRun.stopping(except: new).contains { $0 === old })  // still running
+        old.requestStop()
+        #expect(DiscoveryRun.stopping(except: new).contains { $0 === old })
+        #expect(!DiscoveryRun.stopping(except: old).contains { $0 === old })
+        // The new run's thread blocks (a thread of its own, as in PeerDiscovery.start) until the old one exits.
+        let sawExit = await withCheckedContinuation { continuation in
+            Thread {
+                DiscoveryRun.blockUntilExited([old], timeout: .seconds(30))
+                continuation.resume(returning: old.hasExited)
+            }.start()
+            Thread { old.markExited() }.start()
+        }
+        #expect(sawExit)
+        #expect(!DiscoveryRun.stopping(except: new).contains { $0 === old })
+        new.markExited()
+    }
 }

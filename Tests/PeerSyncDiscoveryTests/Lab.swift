@@ -173,6 +173,8 @@ struct ProbeEvent: Decodable, CustomStringConvertible {
     let port: UInt16?
     let code: Int32?
     let error: String?
+    /// On "stopped": whether `stopAndWait()` saw the discovery thread finish.
+    let exited: Bool?
 
     var description: String {
         [event, name, replica.map { String($0.prefix(8)) }, host, port.map(String.init), code.map(String.init)]
