@@ -80,7 +80,8 @@ let package = Package(
                           path: "Examples/InMemoryPipe"),
         .executableTarget(name: "example-app-streams", dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
                           path: "Examples/AppStreams"),
-        .target(name: "PeerSyncTestSupport", dependencies: ["PeerSyncCRDT"], path: "Tests/PeerSyncTestSupport"),
+        .target(name: "PeerSyncTestSupport", dependencies: ["PeerSyncCRDT", .product(name: "Logging", package: "swift-log")],
+                path: "Tests/PeerSyncTestSupport"),
         .testTarget(name: "PeerSyncCRDTTests", dependencies: ["PeerSyncCRDT", "PeerSyncTestSupport"]),
         .testTarget(name: "PeerSyncModelTests", dependencies: ["PeerSyncModel", "PeerSyncCRDT", "PeerSyncTestSupport"]),
         .executableTarget(

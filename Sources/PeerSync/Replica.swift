@@ -276,7 +276,8 @@ public actor Replica {
         let (node, replicator) = (self.node, self.replicator)
         self.node = nil
         self.replicator = nil
-        discovery?.stop()
+        // Withdraw the advertisement before returning (a quick restart must not see it twice).
+        await discovery?.stopAndWait()
         discovery = nil
         dialedDiscovered = [:]
         for task in tasks { task.cancel() }

@@ -267,3 +267,82 @@ struct ReplicationCoreTests {
         try rawFrames(bytes).map { try Message.decode(type: $0.type, body: $0.body) }
     }
 }
+
+@Suite("Replication core: divergence and hostile deltas")
+struct DivergenceTests {
+    let t0 = ContinuousClock.now
+
+    @Test("equal contexts, different states: the watchdog repairs by a full-state exchange and names what differs")
+    func watchdogRepairs() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        // The same dot, different data on each side (what a restore under one ID produces).
+        let writer = ReplicaID.random()
+        let dot = Dot(replica: writer, counter: 1)
+        func write(_ name: String, at key: RecordKey) -> RecordMap {
+            let register = FieldRegister(value: .string(name), timestamp: HLCTimestamp(physicalMilliseconds: 1_700_000_000_000, logical: 0),
+                                         dot: dot, supersedes: .zero)
+            return RecordMap(records: [(key, RecordState(fields: ["name": register],
+                                                         presence: [writer: PresenceEntry(counter: 1, removedBy: nil)]))],
+                             context: CausalContext(dots: [dot]), maintainingDigest: false)
+        }
+        let keyA = RecordKey(collection: "locations", id: UUID())
+        let keyB = RecordKey(collection: "locations", id: UUID())
+        a.state.apply(write("only on a", at: keyA))
+        b.state.apply(write("only on b", at: keyB))
+        #expect(a.state.context == b.state.context && a.state.digest != b.state.digest)
+        let later = t0 + .milliseconds(300)
+        a.handle(a.core.tick(now: later))
+        b.handle(b.core.tick(now: later))
+        try link.settle(&a, &b, now: later)
+        #expect(a.events.contains { if case .divergenceRepaired = $0 { true } else { false } })
+        #expect(a.state.digest == b.state.digest)
+        #expect(a.state.contains(keyB) && b.state.contains(keyA))
+        let detail = a.events.compactMap { event -> ([String], [ReplicaID])? in
+            if case .divergenceDetail(_, let collections, let writers) = event { return (collections, writers) }
+            return nil
+        }.first
+        #expect(detail?.0 == ["locations"])
+        #expect(detail?.1 == [writer])
+        #expect(a.core.repairs == 1)
+    }
+
+    @Test("a delta holding a write in the receiver's own name it never made is refused; nothing is stored")
+    func ownNameDot() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        let forged = Dot(replica: b.replicaID, counter: 9_000)
+        let register = FieldRegister(value: .string("forged"), timestamp: HLCTimestamp(physicalMilliseconds: HybridLogicalClock.wallClock(), logical: 0),
+                                     dot: forged, supersedes: .zero)
+        let key = RecordKey(collection: "locations", id: UUID())
+        let delta = RecordMap(records: [(key, RecordState(fields: ["name": register], presence: [b.replicaID: PresenceEntry(counter: 9_000, removedBy: nil)]))],
+                              context: CausalContext(dots: [forged]), maintainingDigest: false)
+        a.state.apply(delta)
+        a.handle(a.core.broadcast(delta, state: a.state))
+        let before = b.state.digest
+        try link.settle(&a, &b, now: t0)
+        #expect(b.state.digest == before)
+        #expect(link.framesToA.messages().contains { if case .error(.malformed, let text) = $0 { text.contains("never made") } else { false } })
+        #expect(b.warnings.contains { $0.message.contains("closing session") })
+    }
+
+    @Test("a peer that knows more writes in this replica's name than it has: restore detected, session refused")
+    func restoreDetected() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        for i in 0..<3 { try a.write { try $0.save(Location(name: "L\(i)")) } }
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        // a is "restored" to an empty state under the same replica ID.
+        let restored = ReplicaState(replicaID: a.replicaID, name: "a")
+        a.state = restored
+        var again = CoreLink.connect(&a, &b, now: t0)
+        try again.settle(&a, &b, now: t0)
+        #expect(a.events.contains { if case .restoredStoreDetected(_, let replica, 3, 0) = $0 { replica == a.replicaID } else { false } })
+        #expect(again.framesToB.messages().contains { if case .error(.replicaRestored, _) = $0 { true } else { false } })
+    }
+}
