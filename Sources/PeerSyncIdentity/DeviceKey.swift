@@ -206,6 +206,7 @@ public struct DevicePublicKey: Hashable, Sendable, CustomStringConvertible {
     /// The key's fingerprint.
     public let deviceID: DeviceID
 
+    /// Wraps `key`, computing its uncompressed form and device ID.
     public init(_ key: P256.Signing.PublicKey) {
         self.key = key
         x963 = Array(key.x963Representation)

@@ -71,10 +71,15 @@ public struct Roster: Sendable {
 
     /// A device of the group, active or removed.
     public struct Device: Hashable, Sendable {
+        /// Its device ID.
         public let id: DeviceID
+        /// Its public key.
         public let publicKey: DevicePublicKey
+        /// Its current name.
         public internal(set) var name: String
+        /// Its current role (as of its removal, if removed).
         public internal(set) var role: DeviceRole
+        /// How it joined.
         public let origin: Origin
         /// Who let it in: the admin who added it, or who made the invite it used; nil for the
         /// group's creator and for legacy enrolment.
@@ -86,20 +91,29 @@ public struct Roster: Sendable {
         /// Set once it has been removed.
         public internal(set) var removal: Removal?
 
+        /// Whether it is a member now.
         public var isActive: Bool { removal == nil }
     }
 
     /// An invite and what became of it.
     public struct Invite: Hashable, Sendable {
+        /// Names the invite (hash of its token).
         public let hash: InviteHash
+        /// The role the joiner gets.
         public let role: DeviceRole
+        /// The admin who made it.
         public let createdBy: DeviceID
+        /// When (timestamp of the invite entry).
         public let createdAt: HLCTimestamp
         /// Wall-clock milliseconds since 1970.
         public let expiresAt: UInt64
+        /// The device that enrolled with it, if any.
         public internal(set) var usedBy: DeviceID?
+        /// When it was used (the enrol entry's timestamp).
         public internal(set) var usedAt: HLCTimestamp?
+        /// The admin who revoked it, if any.
         public internal(set) var revokedBy: DeviceID?
+        /// When it was revoked.
         public internal(set) var revokedAt: HLCTimestamp?
 
         /// The status at wall-clock time `now` (ms since 1970).
@@ -130,7 +144,9 @@ public struct Roster: Sendable {
 
     /// An entry that does not count, and why (for a log line).
     public struct IneffectiveEntry: Hashable, Sendable, CustomStringConvertible {
+        /// The entry.
         public let entry: RosterEntry
+        /// Why it does not count (one line).
         public let reason: String
 
         public var description: String {
@@ -140,8 +156,11 @@ public struct Roster: Sendable {
 
     /// Why a dot of a removed device is refused.
     public struct DotRefusal: Hashable, Sendable, CustomStringConvertible {
+        /// The refused write.
         public let dot: Dot
+        /// The removed device that claimed its replica.
         public let device: DeviceID
+        /// The highest counter of that replica that still counts.
         public let cutoff: UInt64
 
         public var description: String {
@@ -524,7 +543,8 @@ struct Evaluation {
     }
 }
 
-/// `ms` since 1970 as ISO 8601 UTC, e.g. `2026-11-20T14:03:07Z`.
+/// `ms` since 1970 as ISO 8601 UTC, e.g. `2026-11-20T14:03:07Z` ("never" past the year 9999).
 func wallClockText(_ ms: UInt64) -> String {
-    Date(timeIntervalSince1970: Double(ms) / 1000).ISO8601Format()
+    guard ms <= 253_402_300_799_999 else { return "never" }
+    return Date(timeIntervalSince1970: Double(ms) / 1000).ISO8601Format()
 }

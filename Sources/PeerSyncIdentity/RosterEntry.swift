@@ -112,6 +112,7 @@ public struct RosterEntry: Hashable, Sendable, CustomStringConvertible {
     /// First 16 bytes of SHA-256(``bytes``); the record ID.
     public let id: RosterEntryID
 
+    /// The entry's kind.
     public var kind: Kind { payload.kind }
     /// The signer's device ID.
     public var signer: DeviceID { signerKey.deviceID }
@@ -399,10 +400,14 @@ public struct RosterEntry: Hashable, Sendable, CustomStringConvertible {
 /// What an entry needs besides its payload: the group, the signer's timestamp, and the signer's
 /// previous entry (``Roster/context(for:at:)`` fills it in).
 public struct RosterEntryContext: Hashable, Sendable {
+    /// The group the entry belongs to.
     public var groupID: GroupID
+    /// The signer's HLC timestamp for the entry (tick the clock after observing the roster).
     public var timestamp: HLCTimestamp
+    /// The signer's latest entry in this group, nil for its first.
     public var previous: RosterEntryID?
 
+    /// A context from its parts.
     public init(groupID: GroupID, timestamp: HLCTimestamp, previous: RosterEntryID?) {
         self.groupID = groupID
         self.timestamp = timestamp

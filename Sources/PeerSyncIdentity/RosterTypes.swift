@@ -7,7 +7,9 @@ import PeerSyncCRDT
 /// SHA-256 over the signed genesis entry's bytes); a group upgraded from a shared group secret
 /// has the first 16 bytes of its legacy key's device ID (``LegacyGroupKey``).
 public struct GroupID: Hashable, Comparable, Sendable, CustomStringConvertible {
+    /// Bytes in the value.
     public static let byteCount = 16
+    /// The raw bytes.
     public let bytes: [UInt8]
 
     /// A group ID from its 16 bytes; nil for any other count.
@@ -33,7 +35,9 @@ public struct GroupID: Hashable, Comparable, Sendable, CustomStringConvertible {
 /// The identity of one roster entry: the first 16 bytes of SHA-256 over its bytes. As a UUID it
 /// is the record ID of the entry in the `_roster` collection.
 public struct RosterEntryID: Hashable, Comparable, Sendable, CustomStringConvertible {
+    /// Bytes in the value.
     public static let byteCount = 16
+    /// The raw bytes.
     public let bytes: [UInt8]
 
     /// An entry ID from its 16 bytes; nil for any other count.
@@ -67,9 +71,12 @@ public struct RosterEntryID: Hashable, Comparable, Sendable, CustomStringConvert
 /// The secret half of an invite: 16 random bytes, carried in the invite code and revealed once
 /// in the joiner's `enrol` entry. Not a key to anything else.
 public struct InviteToken: Hashable, Sendable {
+    /// Bytes in the value.
     public static let byteCount = 16
+    /// The raw bytes.
     public let bytes: [UInt8]
 
+    /// A token from its 16 bytes; nil for any other count.
     public init?(bytes: some Collection<UInt8>) {
         guard bytes.count == Self.byteCount else { return nil }
         self.bytes = Array(bytes)
@@ -87,9 +94,12 @@ public struct InviteToken: Hashable, Sendable {
 
 /// Names an invite in the roster without revealing its token.
 public struct InviteHash: Hashable, Comparable, Sendable, CustomStringConvertible {
+    /// Bytes in the value.
     public static let byteCount = 16
+    /// The raw bytes.
     public let bytes: [UInt8]
 
+    /// An invite hash from its 16 bytes; nil for any other count.
     public init?(bytes: some Collection<UInt8>) {
         guard bytes.count == Self.byteCount else { return nil }
         self.bytes = Array(bytes)

@@ -21,6 +21,7 @@ import PeerSyncCRDT
 public struct RosterValidation: Sendable {
     /// One refused entry or record.
     public struct Refusal: Hashable, Sendable, CustomStringConvertible {
+        /// Whether the refusal is final.
         public enum Kind: Hashable, Sendable {
             /// Never acceptable.
             case malformed
@@ -28,6 +29,7 @@ public struct RosterValidation: Sendable {
             case notYet
         }
 
+        /// Final or not yet.
         public let kind: Kind
         /// The record it came in, if known.
         public let recordID: UUID?

@@ -246,6 +246,8 @@ struct RosterTests {
         let onTime = try s.sign(.enrol(token: token, name: "on time"), by: .generate(), at: 5_000)
         #expect(s.roster.isActive(onTime.signer))
         #expect(before.joinRefusal(token: InviteToken.generate(), now: 1)?.contains("is unknown to this group") == true)
+        #expect(Roster.InviteStatus.open(expiresAt: .max).description == "open until never")
+        #expect(Roster.InviteStatus.open(expiresAt: 86_400_000).description == "open until 1970-01-02T00:00:00Z")
     }
 
     @Test("a revoked invite admits nobody; only admins revoke")
