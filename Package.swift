@@ -20,6 +20,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
         .package(url: "https://github.com/apple/swift-nio-ssl", from: "2.37.6"),
         .package(url: "https://github.com/apple/swift-crypto", from: "4.5.2"),
+        .package(url: "https://github.com/apple/swift-certificates", from: "1.21.1"),
+        .package(url: "https://github.com/apple/swift-asn1", from: "1.7.4"),
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
     ],
@@ -41,12 +43,23 @@ let package = Package(
             dependencies: ["PeerSyncCRDT", .target(name: "CDNSSD", condition: .when(platforms: [.linux]))]
         ),
         .target(name: "PeerSyncWire", dependencies: ["PeerSyncCRDT"]),
+        // Device identities and the signed roster (pure: no NIO, no store).
+        .target(
+            name: "PeerSyncIdentity",
+            dependencies: [
+                "PeerSyncCRDT",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "X509", package: "swift-certificates"),
+                .product(name: "SwiftASN1", package: "swift-asn1"),
+            ]
+        ),
         .target(
             name: "PeerSyncSession",
             dependencies: [
-                "PeerSyncCRDT", "PeerSyncModel", "PeerSyncWire",
+                "PeerSyncCRDT", "PeerSyncModel", "PeerSyncWire", "PeerSyncIdentity",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOTLS", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
@@ -92,11 +105,12 @@ let package = Package(
         .testTarget(
             name: "PeerSyncSessionTests",
             dependencies: [
-                "PeerSync", "PeerSyncSession", "PeerSyncWire", "PeerSyncStore", "PeerSyncTestSupport",
+                "PeerSync", "PeerSyncSession", "PeerSyncWire", "PeerSyncStore", "PeerSyncTestSupport", "PeerSyncIdentity",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOTestUtils", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOTLS", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -112,6 +126,12 @@ let package = Package(
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
             ]
+        ),
+        .testTarget(
+            name: "PeerSyncIdentityTests",
+            dependencies: ["PeerSyncIdentity", "PeerSyncCRDT", "PeerSyncTestSupport",
+                           .product(name: "Crypto", package: "swift-crypto"),
+                           .product(name: "X509", package: "swift-certificates")]
         ),
         .testTarget(name: "PeerSyncWireTests", dependencies: ["PeerSyncWire", "PeerSyncCRDT", "PeerSyncTestSupport"]),
         .testTarget(

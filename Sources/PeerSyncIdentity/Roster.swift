@@ -1,0 +1,550 @@
+import PeerSyncCRDT
+
+/// The effective state of a group's roster: which devices belong, with which role, who claims
+/// which replica ID, which invites are open. A pure function of the set of entries — every
+/// replica holding the same entries computes the same roster, whatever order they arrived in.
+///
+/// ## Evaluation
+/// Entries of other groups are set aside. The rest are sorted by (HLC timestamp, signer device ID,
+/// entry ID) — a linear extension of causality, because a device's hybrid logical clock has
+/// observed every entry it had seen when it signed — and applied one by one to the state built so
+/// far. An entry counts iff its signer has the right at that point:
+///
+/// | kind | signer must be | effect |
+/// |---|---|---|
+/// | genesis | (self) | creator becomes the first admin |
+/// | add | active admin | new device with a role; for an active device: new role and name |
+/// | remove | active admin | device removed for good (a device never seen is banned) |
+/// | rename | active admin, or the device itself | new name |
+/// | invite / revokeInvite | active admin | invite opened / withdrawn |
+/// | enrol | (self), with an open, unexpired, unused invite | new device with the invite's role |
+/// | writer | active device (self) | claims a replica ID; the first claim wins |
+/// | legacyGenesis | the legacy key | names the group (the first one counts) |
+/// | legacyEnrol | (self), legacy enrolment still open | new admin |
+/// | closeLegacy | active admin | legacy enrolment closed |
+///
+/// Rules that follow from it, each tested:
+/// - **Removal is permanent and wins.** A removed (or banned) key can never be added, enrolled or
+///   legacy-enrolled again. Re-adding a device presupposes having seen its removal, so the re-add
+///   sorts after it and is void; a removal therefore wins over any re-add, in any order of arrival.
+/// - **Mutual removal** by two admins: the removal that sorts first takes effect; the other is void
+///   because its signer is no longer an admin when it is reached. One admin remains. (Equal
+///   timestamps: the lower signer device ID goes first.)
+/// - **A group keeps an admin**: a removal or demotion that would leave no active admin is void.
+/// - **Removed devices cannot backdate.** A `remove` lists the removed device's newest entries
+///   the remover had seen (`rosterHeads`); every entry signed by the removed device that is
+///   neither one of those nor an ancestor of one (along `previous`) is void, whatever its
+///   timestamp. Likewise a `closeLegacy` lists the legacyEnrol entries that keep counting.
+///   Voiding can change what else counts, so evaluation repeats with the voided entries set
+///   aside until nothing new is voided (at most one round per entry; one or two in practice).
+///   The genesis entry is never voided.
+///
+/// Entries that do not count are kept (the roster collection is add-only) and listed in
+/// ``ineffective`` with a reason, for logging.
+public struct Roster: Sendable {
+    /// How a device came into the group.
+    public enum Origin: Hashable, Sendable {
+        /// It signed the genesis entry.
+        case createdGroup
+        /// An admin added it.
+        case added
+        /// It enrolled with an invite.
+        case invited(InviteHash)
+        /// It proved it knew the old group secret (upgrade from a shared secret).
+        case legacySecret
+    }
+
+    /// A removal (or a ban, for a device removed before it was ever a member).
+    public struct Removal: Hashable, Sendable {
+        /// The admin who removed the device (the first removal that counted).
+        public let by: DeviceID
+        /// When (the removing entry's timestamp).
+        public let at: HLCTimestamp
+        /// The removing entry.
+        public let entry: RosterEntryID
+        /// Replica ID → highest counter that still counts. Several removals of one device merge by
+        /// taking the maximum per replica (what any remover had seen was already spread).
+        public internal(set) var dataCutoff: [ReplicaID: UInt64]
+        /// The removed device's entries the removers had seen (heads of its chain); its other entries are void.
+        public internal(set) var rosterHeads: Set<RosterEntryID>
+    }
+
+    /// A device of the group, active or removed.
+    public struct Device: Hashable, Sendable {
+        /// Its device ID.
+        public let id: DeviceID
+        /// Its public key.
+        public let publicKey: DevicePublicKey
+        /// Its current name.
+        public internal(set) var name: String
+        /// Its current role (as of its removal, if removed).
+        public internal(set) var role: DeviceRole
+        /// How it joined.
+        public let origin: Origin
+        /// Who let it in: the admin who added it, or who made the invite it used; nil for the
+        /// group's creator and for legacy enrolment.
+        public let addedBy: DeviceID?
+        /// When it joined (timestamp of the entry that brought it in).
+        public let addedAt: HLCTimestamp
+        /// The entry that brought it in.
+        public let addedByEntry: RosterEntryID
+        /// Set once it has been removed.
+        public internal(set) var removal: Removal?
+
+        /// Whether it is a member now.
+        public var isActive: Bool { removal == nil }
+    }
+
+    /// An invite and what became of it.
+    public struct Invite: Hashable, Sendable {
+        /// Names the invite (hash of its token).
+        public let hash: InviteHash
+        /// The role the joiner gets.
+        public let role: DeviceRole
+        /// The admin who made it.
+        public let createdBy: DeviceID
+        /// When (timestamp of the invite entry).
+        public let createdAt: HLCTimestamp
+        /// Wall-clock milliseconds since 1970.
+        public let expiresAt: UInt64
+        /// The device that enrolled with it, if any.
+        public internal(set) var usedBy: DeviceID?
+        /// When it was used (the enrol entry's timestamp).
+        public internal(set) var usedAt: HLCTimestamp?
+        /// The admin who revoked it, if any.
+        public internal(set) var revokedBy: DeviceID?
+        /// When it was revoked.
+        public internal(set) var revokedAt: HLCTimestamp?
+
+        /// The status at wall-clock time `now` (ms since 1970).
+        public func status(now: UInt64) -> InviteStatus {
+            if let usedBy, let usedAt { return .used(by: usedBy, at: usedAt) }
+            if let revokedBy, let revokedAt { return .revoked(by: revokedBy, at: revokedAt) }
+            if now > expiresAt { return .expired(at: expiresAt) }
+            return .open(expiresAt: expiresAt)
+        }
+    }
+
+    /// Where an invite stands.
+    public enum InviteStatus: Hashable, Sendable, CustomStringConvertible {
+        case open(expiresAt: UInt64)
+        case used(by: DeviceID, at: HLCTimestamp)
+        case expired(at: UInt64)
+        case revoked(by: DeviceID, at: HLCTimestamp)
+
+        public var description: String {
+            switch self {
+            case .open(let expiresAt): "open until \(wallClockText(expiresAt))"
+            case let .used(by, at): "already used by device \(by.shortForm) at \(wallClockText(at.physicalMilliseconds))"
+            case .expired(let at): "expired at \(wallClockText(at))"
+            case let .revoked(by, at): "revoked by device \(by.shortForm) at \(wallClockText(at.physicalMilliseconds))"
+            }
+        }
+    }
+
+    /// An entry that does not count, and why (for a log line).
+    public struct IneffectiveEntry: Hashable, Sendable, CustomStringConvertible {
+        /// The entry.
+        public let entry: RosterEntry
+        /// Why it does not count (one line).
+        public let reason: String
+
+        public var description: String {
+            "roster entry \(entry.kind) \(entry.id.shortDescription) by \(entry.signer.shortForm) has no effect: \(reason)"
+        }
+    }
+
+    /// Why a dot of a removed device is refused.
+    public struct DotRefusal: Hashable, Sendable, CustomStringConvertible {
+        /// The refused write.
+        public let dot: Dot
+        /// The removed device that claimed its replica.
+        public let device: DeviceID
+        /// The highest counter of that replica that still counts.
+        public let cutoff: UInt64
+
+        public var description: String {
+            "write \(dot) is by removed device \(device.shortForm) after its cutoff (counter \(cutoff))"
+        }
+    }
+
+    /// The group.
+    public let groupID: GroupID
+    /// Every entry of this group, by ID.
+    public let entries: [RosterEntryID: RosterEntry]
+    /// This group's entries in evaluation order.
+    public let order: [RosterEntryID]
+    /// The group's name (from genesis or the first legacyGenesis); nil until known.
+    public private(set) var groupName: String?
+    /// Every device that ever joined, active or removed.
+    public private(set) var devices: [DeviceID: Device] = [:]
+    /// Devices removed before they ever joined: they can never join.
+    public private(set) var banned: [DeviceID: Removal] = [:]
+    /// Replica ID → the device that claimed it first (which may since have been removed).
+    public private(set) var writers: [ReplicaID: DeviceID] = [:]
+    /// Invites by hash.
+    public private(set) var invites: [InviteHash: Invite] = [:]
+    /// The closeLegacy entry that closed legacy enrolment, if any.
+    public private(set) var legacyClosedBy: RosterEntryID?
+    /// legacyEnrol entries named by the counting closeLegacy entries.
+    public private(set) var countedLegacyEnrols: Set<RosterEntryID> = []
+    /// Entries that do not count, in evaluation order, with reasons; also entries of other groups.
+    public private(set) var ineffective: [IneffectiveEntry] = []
+    /// Entries that count.
+    public private(set) var effective: Set<RosterEntryID> = []
+    /// Evaluation rounds the last evaluation took (1 unless entries were voided).
+    public private(set) var rounds = 0
+
+    /// Evaluates `entries` for group `groupID`. Entries of other groups are listed in
+    /// ``ineffective`` and otherwise ignored; duplicates count once.
+    public init(groupID: GroupID, entries: some Sequence<RosterEntry>) {
+        self.groupID = groupID
+        var own: [RosterEntryID: RosterEntry] = [:]
+        var foreign: [IneffectiveEntry] = []
+        for entry in entries {
+            if entry.groupID == groupID {
+                own[entry.id] = entry
+            } else if !foreign.contains(where: { $0.entry.id == entry.id }) {
+                foreign.append(IneffectiveEntry(entry: entry, reason: "it belongs to group \(entry.groupID), not \(groupID)"))
+            }
+        }
+        self.entries = own
+        let sorted = own.values.sorted(by: Self.evaluationOrder)
+        order = sorted.map(\.id)
+        var voided: [RosterEntryID: String] = [:]
+        var state = Evaluation(groupID: groupID)
+        for round in 1...(sorted.count + 1) {
+            state = Evaluation(groupID: groupID)
+            for entry in sorted { state.apply(entry, voided: voided) }
+            let newlyVoided = state.impliedVoids(entries: own).filter { voided[$0.key] == nil }
+            rounds = round
+            if newlyVoided.isEmpty { break }
+            voided.merge(newlyVoided) { old, _ in old }
+        }
+        groupName = state.groupName
+        devices = state.devices
+        banned = state.banned
+        writers = state.writers
+        invites = state.invites
+        legacyClosedBy = state.legacyClosedBy
+        countedLegacyEnrols = state.countedLegacyEnrols
+        effective = state.effective
+        ineffective = foreign + state.ineffective
+    }
+
+    /// The roster with `more` entries added (re-evaluated from scratch).
+    public func adding(_ more: some Sequence<RosterEntry>) -> Roster {
+        Roster(groupID: groupID, entries: Array(entries.values) + Array(more))
+    }
+
+    /// (timestamp, signer, entry ID): the evaluation order.
+    static func evaluationOrder(_ a: RosterEntry, _ b: RosterEntry) -> Bool {
+        if a.timestamp != b.timestamp { return a.timestamp < b.timestamp }
+        if a.signer != b.signer { return a.signer < b.signer }
+        return a.id < b.id
+    }
+
+    // MARK: - Queries
+
+    /// Whether `device` is a member now (joined and not removed).
+    public func isActive(_ device: DeviceID) -> Bool { devices[device]?.isActive ?? false }
+
+    /// The role of an active device; nil if it is not active.
+    public func role(of device: DeviceID) -> DeviceRole? {
+        guard let d = devices[device], d.isActive else { return nil }
+        return d.role
+    }
+
+    /// Active devices, sorted by name then ID.
+    public var activeDevices: [Device] {
+        devices.values.filter(\.isActive).sorted { ($0.name, $0.id) < ($1.name, $1.id) }
+    }
+
+    /// Whether `device` was removed or banned (it can never join again).
+    public func isRemoved(_ device: DeviceID) -> Bool {
+        banned[device] != nil || devices[device]?.removal != nil
+    }
+
+    /// The device that claimed `replica` (first claim wins), active or not; nil if none did.
+    /// The caller decides what to do with writes by unclaimed replicas, or by a claimant that
+    /// is not active (see ``refusal(of:)`` for removed devices' cutoffs).
+    public func claimant(of replica: ReplicaID) -> DeviceID? { writers[replica] }
+
+    /// Non-nil if `dot` was written by a removed device beyond its cutoff: its replica is claimed
+    /// by a removed device and its counter exceeds the cutoff for that replica (0 if the
+    /// removal lists none).
+    public func refusal(of dot: Dot) -> DotRefusal? {
+        guard let device = writers[dot.replica], let removal = devices[device]?.removal else { return nil }
+        let cutoff = removal.dataCutoff[dot.replica] ?? 0
+        return dot.counter > cutoff ? DotRefusal(dot: dot, device: device, cutoff: cutoff) : nil
+    }
+
+    /// Whether legacy enrolment (devices proving they know the old group secret) is closed.
+    public var isLegacyEnrolmentClosed: Bool { legacyClosedBy != nil }
+
+    /// The status of the invite `hash` at wall-clock `now` (ms since 1970); nil if there is no such invite.
+    public func inviteStatus(_ hash: InviteHash, now: UInt64) -> InviteStatus? { invites[hash]?.status(now: now) }
+
+    /// The live check when a device presents an invite token (at wall-clock `now`): nil if the
+    /// invite is open, else the one line saying why not (unknown, used, expired or revoked).
+    /// Use it on the member the joiner connects to; the roster's own rule compares the enrol
+    /// entry's timestamp instead, which a dishonest joiner could backdate.
+    public func joinRefusal(token: InviteToken, now: UInt64) -> String? {
+        guard let status = inviteStatus(token.hash, now: now) else {
+            return "invite \(token.hash) is unknown to this group (wrong group, or not yet synced here)"
+        }
+        if case .open = status { return nil }
+        return "invite \(token.hash) was \(status)"
+    }
+
+    /// The heads of `device`'s chain of entries: its entries that no other entry of its names as
+    /// `previous`. Sorted by evaluation order.
+    public func heads(of device: DeviceID) -> [RosterEntryID] {
+        let own = entries.values.filter { $0.signer == device }
+        let referenced = Set(own.compactMap(\.previous))
+        return own.filter { !referenced.contains($0.id) }.sorted(by: Self.evaluationOrder).map(\.id)
+    }
+
+    /// The context for a new entry signed by `signer` at `timestamp`: this group, and as
+    /// `previous` the signer's latest entry (its last head in evaluation order).
+    public func context(for signer: DeviceID, at timestamp: HLCTimestamp) -> RosterEntryContext {
+        RosterEntryContext(groupID: groupID, timestamp: timestamp, previous: heads(of: signer).last)
+    }
+
+    /// The payload that removes `device`, as seen by a replica whose causal context is `seen`:
+    /// the cutoff lists every replica the device claimed with the highest counter seen, and the
+    /// roster heads are the device's heads here.
+    public func removal(of device: DeviceID, seen: CausalContext) -> RosterPayload {
+        var cutoff: [ReplicaID: UInt64] = [:]
+        for (replica, claimant) in writers where claimant == device {
+            cutoff[replica] = seen.maxCounter(of: replica)
+        }
+        return .remove(device: device, dataCutoff: cutoff, rosterHeads: heads(of: device))
+    }
+
+    /// The payload that closes legacy enrolment, counting the legacyEnrol entries that count now.
+    public func closingLegacyEnrolment() -> RosterPayload {
+        .closeLegacy(counted: entries.values.filter { $0.kind == .legacyEnrol && effective.contains($0.id) }.map(\.id))
+    }
+}
+
+/// One evaluation round: the state while applying entries in order.
+struct Evaluation {
+    let groupID: GroupID
+    var groupName: String?
+    var genesisSeen = false
+    var devices: [DeviceID: Roster.Device] = [:]
+    var banned: [DeviceID: Roster.Removal] = [:]
+    var writers: [ReplicaID: DeviceID] = [:]
+    var invites: [InviteHash: Roster.Invite] = [:]
+    var legacyClosedBy: RosterEntryID?
+    var legacyClosedAt: HLCTimestamp?
+    var legacyCloser: DeviceID?
+    var countedLegacyEnrols: Set<RosterEntryID> = []
+    var ineffective: [Roster.IneffectiveEntry] = []
+    var effective: Set<RosterEntryID> = []
+
+    init(groupID: GroupID) { self.groupID = groupID }
+
+    mutating func apply(_ entry: RosterEntry, voided: [RosterEntryID: String]) {
+        let reason: String? = if let void = voided[entry.id] { void } else { effect(of: entry) }
+        if let reason {
+            ineffective.append(Roster.IneffectiveEntry(entry: entry, reason: reason))
+        } else {
+            effective.insert(entry.id)
+        }
+    }
+
+    private var activeAdminCount: Int { devices.values.count { $0.isActive && $0.role == .admin } }
+
+    /// Why `device` is not an active member, or nil if it is.
+    private func notActive(_ device: DeviceID) -> String? {
+        if let removal = devices[device]?.removal ?? banned[device] {
+            return "\(device.shortForm) was removed by \(removal.by.shortForm) at \(removal.at)"
+        }
+        return devices[device] == nil ? "\(device.shortForm) is not a member" : nil
+    }
+
+    /// Why `device` is not an active admin, or nil if it is.
+    private func notAdmin(_ device: DeviceID) -> String? {
+        if let reason = notActive(device) { return reason }
+        return devices[device]!.role == .admin ? nil : "\(device.shortForm) is not an admin"
+    }
+
+    /// Why a new device with `key` may not join, or nil.
+    private func cannotJoin(_ key: DevicePublicKey) -> String? {
+        let id = key.deviceID
+        if GroupID(legacyKey: key) == groupID { return "the group's legacy key cannot be a device" }
+        if let removal = devices[id]?.removal ?? banned[id] {
+            return "\(id.shortForm) was removed by \(removal.by.shortForm) at \(removal.at); a removed device cannot join again"
+        }
+        if devices[id] != nil { return "\(id.shortForm) is already a member" }
+        return nil
+    }
+
+    /// Applies `entry` if it counts; otherwise returns why not.
+    private mutating func effect(of entry: RosterEntry) -> String? {
+        let signer = entry.signer
+        switch entry.payload {
+        case let .genesis(groupName, creatorName):
+            guard !genesisSeen else { return "the group already has a genesis" }
+            genesisSeen = true
+            self.groupName = groupName
+            devices[signer] = Roster.Device(
+                id: signer, publicKey: entry.signerKey, name: creatorName, role: .admin, origin: .createdGroup,
+                addedBy: nil, addedAt: entry.timestamp, addedByEntry: entry.id, removal: nil)
+
+        case let .legacyGenesis(name):
+            guard groupName == nil else { return "the group is already named" }
+            groupName = name
+
+        case let .add(key, name, role):
+            if let reason = notAdmin(signer) { return reason }
+            let id = key.deviceID
+            if var device = devices[id], device.isActive {
+                guard device.role != role || device.name != name else {
+                    return "\(id.shortForm) is already a member with role \(role) and that name"
+                }
+                if device.role == .admin, role == .member, activeAdminCount == 1 {
+                    return "demoting \(id.shortForm) would leave the group without an admin"
+                }
+                device.role = role
+                device.name = name
+                devices[id] = device
+                return nil
+            }
+            if let reason = cannotJoin(key) { return reason }
+            devices[id] = Roster.Device(
+                id: id, publicKey: key, name: name, role: role, origin: .added, addedBy: signer,
+                addedAt: entry.timestamp, addedByEntry: entry.id, removal: nil)
+
+        case let .remove(target, cutoff, heads):
+            if let reason = notAdmin(signer) { return reason }
+            if var device = devices[target] {
+                if var removal = device.removal {
+                    // A second removal: it can only widen what still counts.
+                    removal.dataCutoff.merge(cutoff, uniquingKeysWith: max)
+                    removal.rosterHeads.formUnion(heads)
+                    device.removal = removal
+                    devices[target] = device
+                    return nil
+                }
+                if device.role == .admin, activeAdminCount == 1 {
+                    return "removing \(target.shortForm) would leave the group without an admin"
+                }
+                device.removal = Roster.Removal(
+                    by: signer, at: entry.timestamp, entry: entry.id, dataCutoff: cutoff, rosterHeads: Set(heads))
+                devices[target] = device
+            } else if var removal = banned[target] {
+                removal.dataCutoff.merge(cutoff, uniquingKeysWith: max)
+                removal.rosterHeads.formUnion(heads)
+                banned[target] = removal
+            } else {
+                banned[target] = Roster.Removal(
+                    by: signer, at: entry.timestamp, entry: entry.id, dataCutoff: cutoff, rosterHeads: Set(heads))
+            }
+
+        case let .rename(target, name):
+            if let reason = notActive(target) { return reason }
+            if target != signer, let reason = notAdmin(signer) {
+                return "\(reason) (a member may rename only itself)"
+            }
+            guard devices[target]!.name != name else { return "\(target.shortForm) already has that name" }
+            devices[target]!.name = name
+
+        case let .invite(hash, role, expiresAt):
+            if let reason = notAdmin(signer) { return reason }
+            guard invites[hash] == nil else { return "invite \(hash) already exists (token reused)" }
+            invites[hash] = Roster.Invite(
+                hash: hash, role: role, createdBy: signer, createdAt: entry.timestamp, expiresAt: expiresAt)
+
+        case let .revokeInvite(hash):
+            if let reason = notAdmin(signer) { return reason }
+            guard var invite = invites[hash] else { return "there is no invite \(hash)" }
+            if let usedBy = invite.usedBy { return "invite \(hash) was already used by \(usedBy.shortForm)" }
+            if invite.revokedBy != nil { return "invite \(hash) was already revoked" }
+            invite.revokedBy = signer
+            invite.revokedAt = entry.timestamp
+            invites[hash] = invite
+
+        case let .enrol(token, name):
+            let hash = token.hash
+            guard var invite = invites[hash] else { return "there is no invite \(hash) (not made, or not by an admin)" }
+            if let revokedBy = invite.revokedBy, let revokedAt = invite.revokedAt {
+                return "invite \(hash) was revoked by \(revokedBy.shortForm) at \(revokedAt)"
+            }
+            if let usedBy = invite.usedBy { return "invite \(hash) was already used by \(usedBy.shortForm)" }
+            if entry.timestamp.physicalMilliseconds > invite.expiresAt {
+                return "invite \(hash) expired at \(wallClockText(invite.expiresAt))"
+            }
+            if let reason = cannotJoin(entry.signerKey) { return reason }
+            invite.usedBy = signer
+            invite.usedAt = entry.timestamp
+            invites[hash] = invite
+            devices[signer] = Roster.Device(
+                id: signer, publicKey: entry.signerKey, name: name, role: invite.role, origin: .invited(hash),
+                addedBy: invite.createdBy, addedAt: entry.timestamp, addedByEntry: entry.id, removal: nil)
+
+        case let .writer(replica):
+            if let reason = notActive(signer) { return reason }
+            if let owner = writers[replica] {
+                return owner == signer
+                    ? "\(signer.shortForm) already claimed replica \(replica.shortDescription)"
+                    : "replica \(replica.shortDescription) is already claimed by \(owner.shortForm)"
+            }
+            writers[replica] = signer
+
+        case let .legacyEnrol(name, _, _):
+            if let closedBy = legacyCloser, let closedAt = legacyClosedAt {
+                return "legacy enrolment was closed by \(closedBy.shortForm) at \(closedAt)"
+            }
+            if let reason = cannotJoin(entry.signerKey) { return reason }
+            devices[signer] = Roster.Device(
+                id: signer, publicKey: entry.signerKey, name: name, role: .admin, origin: .legacySecret,
+                addedBy: nil, addedAt: entry.timestamp, addedByEntry: entry.id, removal: nil)
+
+        case let .closeLegacy(counted):
+            if let reason = notAdmin(signer) { return reason }
+            if legacyClosedBy == nil {
+                legacyClosedBy = entry.id
+                legacyClosedAt = entry.timestamp
+                legacyCloser = signer
+            }
+            countedLegacyEnrols.formUnion(counted)
+        }
+        return nil
+    }
+
+    /// Entries that counted in this round but must not: entries of removed devices that their
+    /// removers had not seen, and legacyEnrol entries that no counting closeLegacy lists.
+    func impliedVoids(entries: [RosterEntryID: RosterEntry]) -> [RosterEntryID: String] {
+        var voids: [RosterEntryID: String] = [:]
+        for device in devices.values {
+            guard let removal = device.removal else { continue }
+            var seen: Set<RosterEntryID> = []
+            var pending = Array(removal.rosterHeads)
+            while let id = pending.popLast() {
+                guard let entry = entries[id], entry.signer == device.id, seen.insert(id).inserted else { continue }
+                if let previous = entry.previous { pending.append(previous) }
+            }
+            for id in effective where !seen.contains(id) {
+                guard let entry = entries[id], entry.signer == device.id, entry.kind != .genesis else { continue }
+                voids[id] = "signed by removed device \(device.id.shortForm) but not among its entries that "
+                    + "\(removal.by.shortForm) had seen when removing it (made later, or backdated)"
+            }
+        }
+        if legacyClosedBy != nil {
+            for id in effective where !countedLegacyEnrols.contains(id) {
+                guard let entry = entries[id], entry.kind == .legacyEnrol else { continue }
+                voids[id] = "legacy enrolment was closed and this entry is not among those counted (made later, or backdated)"
+            }
+        }
+        return voids
+    }
+}
+
+/// `ms` since 1970 as ISO 8601 UTC, e.g. `2026-11-20T14:03:07Z` ("never" past the year 9999).
+func wallClockText(_ ms: UInt64) -> String {
+    guard ms <= 253_402_300_799_999 else { return "never" }
+    return Date(timeIntervalSince1970: Double(ms) / 1000).ISO8601Format()
+}
