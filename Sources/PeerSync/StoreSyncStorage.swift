@@ -17,4 +17,8 @@ public struct StoreSyncStorage: SyncStorage {
     public func applyRemote(_ deltas: [RecordMap], from origin: String) throws -> [MergeOutcome] {
         try store.applyRemoteEach(deltas, from: origin)
     }
+
+    public func commitLocal(_ body: (inout ReplicaState) throws -> RecordMap?) throws -> RecordMap? {
+        try store.write(body)
+    }
 }

@@ -1,6 +1,8 @@
 import Dispatch
 import Logging
+import Crypto
 import PeerSyncCRDT
+import PeerSyncIdentity
 import PeerSyncModel
 import PeerSyncWire
 import Synchronization
@@ -11,10 +13,14 @@ import Synchronization
 /// queue (never on the cooperative pool), and wakes session writers when they have output.
 public actor Replicator {
     public nonisolated let replicaID: ReplicaID
+    /// This node's device key (sessions sign with it; TLS certificates are made from it).
+    public nonisolated let deviceKey: DeviceKey
     public nonisolated let configuration: SyncConfiguration
     nonisolated let storage: any SyncStorage
     nonisolated let logger: Logger
     private var core: ReplicationCore
+    /// This node's device and group (a pending join clears once the roster admits it).
+    public private(set) var identity: LocalIdentity
     private var transports: [SessionID: Transport] = [:]
     private var timer: Task<Void, Never>?
     private var emptyWaiters: [CheckedContinuation<Void, Never>] = []
@@ -29,17 +35,24 @@ public actor Replicator {
     }
 
     /// A replicator for the replica behind `storage`. Nothing runs until a session opens.
-    public init(storage: any SyncStorage, replicaID: ReplicaID, name: String, configuration: SyncConfiguration, logger: Logger) {
+    public init(storage: any SyncStorage, replicaID: ReplicaID, name: String, identity: LocalIdentity,
+                configuration: SyncConfiguration, logger: Logger) {
         self.storage = storage
         self.replicaID = replicaID
         self.configuration = configuration
+        self.identity = identity
+        deviceKey = identity.key
         var logger = logger
         logger[metadataKey: "replica"] = "\(replicaID.shortDescription)"
         self.logger = logger
         core = ReplicationCore(settings: .init(localReplica: replicaID, name: configuration.name ?? name,
                                                timing: configuration.timing, limits: configuration.limits,
-                                               transfer: configuration.transfer))
+                                               transfer: configuration.transfer, identity: identity),
+                               roster: storage.snapshot().roster(of: identity.groupID))
     }
+
+    /// The roster as the local state has it now.
+    public var roster: Roster { core.roster }
 
     // MARK: - Events
 
@@ -76,7 +89,8 @@ public actor Replicator {
     ) -> (SessionID, OutputSignal) {
         startTimer()
         let signal = OutputSignal()
-        let (id, actions) = core.open(origin, now: .now, wallClock: configuration.wallClock(), state: storage.snapshot())
+        let nonce = (0..<16).map { _ in UInt8.random(in: 0...255) }
+        let (id, actions) = core.open(origin, now: .now, wallClock: configuration.wallClock(), state: storage.snapshot(), nonce: nonce)
         transports[id] = Transport(signal: signal, close: close, counters: counters)
         perform(actions)
         return (id, signal)
@@ -131,6 +145,23 @@ public actor Replicator {
     /// Ships a committed local delta to every connected peer.
     public func broadcast(_ delta: RecordMap) {
         perform(core.broadcast(delta, state: storage.snapshot()))
+        if delta.touchesRoster { refreshRoster() }
+    }
+
+    /// Re-reads the roster from the local state, ends sessions of devices no longer admitted,
+    /// and notices this device's own join or removal.
+    func refreshRoster() {
+        let state = storage.snapshot()
+        let roster = state.roster(of: identity.groupID)
+        let me = identity.key.deviceID
+        if identity.pendingJoin != nil, roster.isActive(me) {
+            identity.pendingJoin = nil
+            logger.info("joined the group", metadata: ["device.id": "\(me.shortForm)"])
+            emit(.joined(roster))
+        }
+        let removedSelf = roster.isRemoved(me)
+        perform(core.updateRoster(roster, identity: identity, now: .now))
+        emit(.rosterChanged(roster, removedSelf: removedSelf))
     }
 
     /// Sends every peer what it lacks (after the local state was reloaded from disk).
@@ -219,6 +250,8 @@ public actor Replicator {
                 commit(request)
             case .event(let event):
                 emit(event)
+            case .admitJoiner(let id, let entry):
+                admit(id, entry)
             case .log(let line):
                 let level: Logger.Level = switch line.level {
                 case .debug: .debug
@@ -228,6 +261,26 @@ public actor Replicator {
                 }
                 logger.log(level: level, "\(line.message)", metadata: line.metadata.mapValues { .string($0) })
             }
+        }
+    }
+
+    /// Writes an admitted joiner's entry to the roster (a local change, shipped to every peer),
+    /// then lets its session in.
+    private func admit(_ id: SessionID, _ entry: RosterEntry) {
+        do {
+            let delta = try storage.commitLocal { state in
+                state.contains(entry.recordKey) ? nil : state.write(entry.fields, to: entry.recordKey)
+            }
+            if let delta {
+                perform(core.broadcast(delta, state: storage.snapshot()))
+                emit(.localChange(delta))
+            }
+            let state = storage.snapshot()
+            perform(core.joinerAdmitted(id, roster: state.roster(of: identity.groupID), now: .now, state: state))
+            refreshRoster()
+        } catch {
+            perform(core.refuse(id, .other, "the inviter's storage failed", now: .now))
+            logger.error("cannot store a joiner's roster entry", metadata: ["error": "\(error)"])
         }
     }
 
@@ -245,7 +298,9 @@ public actor Replicator {
     private func commitFinished(_ id: UInt64, _ result: Result<[MergeOutcome], any Error>) {
         switch result {
         case .success(let outcomes):
+            let touchedRoster = outcomes.contains { $0.changedRecords.contains { $0.collection == RosterEntry.collection } }
             perform(core.committed(id, outcomes: outcomes, state: storage.snapshot()))
+            if touchedRoster { refreshRoster() }
         case .failure(let error):
             perform(core.commitFailed(id, error: "\(error)", now: .now, state: storage.snapshot()))
         }

@@ -1,6 +1,7 @@
 import NIOCore
 import NIOPosix
 import PeerSyncCRDT
+import PeerSyncIdentity
 import PeerSyncWire
 
 /// Checks whether a peer answers like a PeerSync node of this group, without syncing:
@@ -15,24 +16,28 @@ public enum SessionProbe {
         public let clockOffsetMilliseconds: Int64?
     }
 
-    public static func probe(_ address: PeerAddress, security: SessionSecurity, timeout: Duration = .seconds(3)) async -> Result {
-        let tls: TLSContexts?
+    public static func probe(_ address: PeerAddress, security: SessionSecurity, groupID: GroupID,
+                             timeout: Duration = .seconds(3)) async -> Result {
+        // A throwaway device: the probe only reads the peer's hello, which comes first.
+        let key = DeviceKey.generate()
+        let tls: DeviceTLS?
         do {
-            if case .groupSecret(let secret) = security { tls = try TLSContexts(secret: secret) } else { tls = nil }
+            tls = security == .tls ? try DeviceTLS(key: key) { _ in true } : nil
         } catch {
             return Result(hello: nil, failure: "cannot set up TLS: \(error)", clockOffsetMilliseconds: nil)
         }
         do {
-            let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            let (channel, _) = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .connectTimeout(.milliseconds(timeout.wholeMilliseconds))
                 .connect(host: address.host, port: Int(address.port)) { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try SyncNode.configurePipeline(channel, tls: tls?.client, dialed: true, maxFrame: WireLimits.defaultMaxFrameBytes)
+                        try SyncNode.configurePipeline(channel, tls: tls, dialed: true, maxFrame: WireLimits.defaultMaxFrameBytes)
                     }
                 }
             let now = HybridLogicalClock.wallClock()
             let hello = Hello(replicaID: .random(), name: "peersync doctor", wallClockMilliseconds: now,
-                              context: CausalContext(), digest: .empty)
+                              context: CausalContext(), digest: .empty, groupID: groupID.bytes, deviceKey: key.publicKey.x963,
+                              nonce: (0..<16).map { _ in UInt8.random(in: 0...255) })
             let killer = Task {
                 try? await Task.sleep(for: timeout)
                 try? await channel.channel.close()

@@ -21,6 +21,8 @@ struct SessionStateMachine {
         case acked(CausalContext, neighbors: [ReplicaID]?)
         case digest(StateDigest, records: UInt64)
         case breakdown(StateDigest, DigestBreakdown)
+        case auth(signature: [UInt8])
+        case join(entry: [UInt8])
         /// End the session; if `notifyPeer`, send `.error(reason, text)` first.
         case close(CloseReason, String, notifyPeer: Bool)
     }
@@ -77,6 +79,10 @@ struct SessionStateMachine {
             return [.digest(digest, records: records)]
         case (.established, .breakdown(let digest, let parts)):
             return [.breakdown(digest, parts)]
+        case (.established, .auth(let signature)):
+            return [.auth(signature: signature)]
+        case (.established, .join(let entry)):
+            return [.join(entry: entry)]
         case (.established, .ping(let nonce)):
             return [.send(.pong(nonce))]
         case (.established, .pong):
@@ -118,6 +124,9 @@ struct SessionStateMachine {
         }
         guard hello.maxFrameBytes >= 64 << 10 else {
             return close(.malformed, "peer accepts frames of only \(hello.maxFrameBytes) bytes", notify: true)
+        }
+        guard hello.groupID?.count == 16, hello.deviceKey?.count == 65, hello.nonce?.count == 16 else {
+            return close(.malformed, "hello lacks its group ID (16 bytes), device key (65) or nonce (16)", notify: true)
         }
         phase = .established
         peer = hello

@@ -3,6 +3,7 @@ import NIOCore
 import NIOPosix
 import NIOSSL
 import PeerSyncCRDT
+import PeerSyncIdentity
 import PeerSyncWire
 
 /// The TCP (+TLS) transport of a node: listens, dials peers and redials them with backoff, and
@@ -12,8 +13,8 @@ public actor SyncNode {
     public nonisolated let replicator: Replicator
     public nonisolated var configuration: SyncConfiguration { replicator.configuration }
     nonisolated let logger: Logger
-    private nonisolated let tls: TLSContexts?
-    private var server: NIOAsyncChannel<NIOAsyncChannel<InboundFrame, ByteBuffer>, Never>?
+    private nonisolated let tls: DeviceTLS?
+    private var server: NIOAsyncChannel<(NIOAsyncChannel<InboundFrame, ByteBuffer>, TLSPeer?), Never>?
     private var tasks: [Task<Void, Never>] = []
     private var connections: [ObjectIdentifier: any Channel] = [:]
     /// Dialed address → replica it turned out to be (to avoid dialing a peer connected the other way).
@@ -29,20 +30,15 @@ public actor SyncNode {
         logger[metadataKey: "replica"] = "\(replicator.replicaID.shortDescription)"
         if replicator.configuration.security.isInsecure { logger[metadataKey: "security"] = "INSECURE" }
         self.logger = logger
-        if case .groupSecret(let secret) = replicator.configuration.security {
-            let log = logger
-            tls = try TLSContexts(secret: secret) { identity in
-                log.warning("refused a TLS client of another group", metadata: ["tls.identity": "\(identity)"])
-            }
-        } else {
-            tls = nil
-        }
+        // TLS admits every device: the session layer authenticates it again and asks the roster,
+        // so a refused device gets a reason it can act on instead of a failed handshake.
+        tls = replicator.configuration.security == .tls ? try DeviceTLS(key: replicator.deviceKey) { _ in true } : nil
     }
 
     /// A node with its own replicator over `storage`.
-    public init(storage: any SyncStorage, replicaID: ReplicaID, name: String, configuration: SyncConfiguration,
-                logger: Logger) throws {
-        try self.init(replicator: Replicator(storage: storage, replicaID: replicaID, name: name,
+    public init(storage: any SyncStorage, replicaID: ReplicaID, name: String, identity: LocalIdentity,
+                configuration: SyncConfiguration, logger: Logger) throws {
+        try self.init(replicator: Replicator(storage: storage, replicaID: replicaID, name: name, identity: identity,
                                              configuration: configuration, logger: logger), logger: logger)
     }
 
@@ -76,7 +72,7 @@ public actor SyncNode {
                 .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
                 .bind(host: listen.host, port: Int(listen.port)) { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try Self.configurePipeline(channel, tls: tls?.server, dialed: false, maxFrame: maxFrame)
+                        try Self.configurePipeline(channel, tls: tls, dialed: false, maxFrame: maxFrame)
                     }
                 }
             self.server = server
@@ -113,28 +109,24 @@ public actor SyncNode {
 
     // MARK: - Connections
 
-    static func configurePipeline(_ channel: any Channel, tls: NIOSSLContext?, dialed: Bool, maxFrame: Int) throws
-        -> NIOAsyncChannel<InboundFrame, ByteBuffer>
+    /// A connection's pipeline: byte counter, TLS (with the peer's device ID once authenticated),
+    /// frame decoder.
+    static func configurePipeline(_ channel: any Channel, tls: DeviceTLS?, dialed: Bool, maxFrame: Int) throws
+        -> (NIOAsyncChannel<InboundFrame, ByteBuffer>, TLSPeer?)
     {
         try channel.pipeline.syncOperations.addHandler(ByteCounter(), name: "bytes")
-        if let tls {
-            if dialed {
-                try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: tls, serverHostname: nil))
-            } else {
-                try channel.pipeline.syncOperations.addHandler(NIOSSLServerHandler(context: tls))
-            }
-        }
+        let peer = try tls?.configure(channel, dialed: dialed)
         try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder(maxFrameBytes: maxFrame)))
-        return try NIOAsyncChannel(wrappingChannelSynchronously: channel)
+        return (try NIOAsyncChannel(wrappingChannelSynchronously: channel), peer)
     }
 
-    private func acceptLoop(_ server: NIOAsyncChannel<NIOAsyncChannel<InboundFrame, ByteBuffer>, Never>) async {
+    private func acceptLoop(_ server: NIOAsyncChannel<(NIOAsyncChannel<InboundFrame, ByteBuffer>, TLSPeer?), Never>) async {
         do {
             try await withThrowingDiscardingTaskGroup { group in
                 try await server.executeThenClose { inbound in
-                    for try await child in inbound {
+                    for try await (child, peer) in inbound {
                         let address = child.channel.remoteAddress.map { "\($0.ipAddress ?? "?"):\($0.port ?? 0)" } ?? "?"
-                        group.addTask { await self.run(child, origin: SessionOrigin(address: address, initiator: false)) }
+                        group.addTask { await self.run(child, tls: peer, address: address, initiator: false) }
                     }
                 }
             }
@@ -166,15 +158,15 @@ public actor SyncNode {
         let tls = self.tls
         let maxFrame = configuration.limits.maxFrameBytes
         do {
-            let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            let (channel, peer) = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .connectTimeout(.seconds(3))
                 .channelOption(.socketOption(.tcp_nodelay), value: 1)
                 .connect(host: address.host, port: Int(address.port)) { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try Self.configurePipeline(channel, tls: tls?.client, dialed: true, maxFrame: maxFrame)
+                        try Self.configurePipeline(channel, tls: tls, dialed: true, maxFrame: maxFrame)
                     }
                 }
-            await run(channel, origin: SessionOrigin(address: address.description, initiator: true))
+            await run(channel, tls: peer, address: address.description, initiator: true)
         } catch {
             logger.debug("dial failed", metadata: ["peer.address": "\(address)", "error": "\(error)"])
             replicator.emit(.sessionRefused(address: address.description, reason: .unreachable(detail: "\(error)")))
@@ -183,12 +175,29 @@ public actor SyncNode {
 
     /// One connection's life: a reader feeding frames to the replicator and a writer pulling
     /// what it decides to send.
-    private func run(_ channel: NIOAsyncChannel<InboundFrame, ByteBuffer>, origin: SessionOrigin) async {
+    private func run(_ channel: NIOAsyncChannel<InboundFrame, ByteBuffer>, tls: TLSPeer?, address: String, initiator: Bool) async {
         let raw = channel.channel
         guard !stopped else {
             try? await raw.close()
             return
         }
+        var device: DeviceID?
+        if let tls {
+            // The session starts once TLS knows the peer's device (bounded by the handshake timeout).
+            let timeout = raw.eventLoop.scheduleTask(in: .milliseconds(configuration.timing.handshakeTimeout.wholeMilliseconds)) {
+                raw.close(promise: nil)
+            }
+            defer { timeout.cancel() }
+            do {
+                device = try await tls.authenticated.get()
+            } catch {
+                try? await raw.close()
+                logger.warning("session refused", metadata: ["peer.address": "\(address)", "reason": "\(SessionEndReason.handshakeFailed(detail: "\(error)"))"])
+                replicator.emit(.sessionRefused(address: address, reason: .handshakeFailed(detail: "\(error)")))
+                return
+            }
+        }
+        let origin = SessionOrigin(address: address, initiator: initiator, transportDevice: device)
         connections[ObjectIdentifier(raw)] = raw
         defer { connections[ObjectIdentifier(raw)] = nil }
         let counter = try? await raw.pipeline.handler(type: ByteCounter.self).get()
@@ -196,7 +205,7 @@ public actor SyncNode {
         if let counter { counters = { (read: counter.read, written: counter.written) } }
         let (id, signal) = await replicator.openSession(origin, close: { raw.close(promise: nil) }, counters: counters)
         let replicator = self.replicator
-        let secure = tls != nil
+        let secure = false  // TLS failures were reported before the session opened
         var reason = SessionEndReason.connectionLost(detail: "")
         do {
             try await channel.executeThenClose { inbound, outbound in

@@ -1,4 +1,5 @@
 import PeerSyncCRDT
+import PeerSyncIdentity
 import PeerSyncModel
 import PeerSyncWire
 
@@ -10,6 +11,9 @@ public protocol SyncStorage: Sendable {
     /// Joins deltas received from peers, durably, in one transaction (all or none); returns
     /// what each delta changed, in order.
     func applyRemote(_ deltas: [RecordMap], from origin: String) throws -> [MergeOutcome]
+    /// Runs a local change durably in one transaction (e.g. writing an admitted device's roster
+    /// entry); returns its delta, nil if nothing changed.
+    func commitLocal(_ body: (inout ReplicaState) throws -> RecordMap?) throws -> RecordMap?
 }
 
 /// Names one session (a connection, or an app transport's session) within a node.
@@ -27,10 +31,14 @@ public struct SessionOrigin: Sendable, Hashable {
     /// Whether this side opened it (dialed). Decides which of two sessions between the same
     /// pair survives.
     public let initiator: Bool
+    /// The device the transport authenticated (the TLS certificate's key), if it did: the
+    /// hello's device key must be the same.
+    public let transportDevice: DeviceID?
 
-    public init(address: String, initiator: Bool) {
+    public init(address: String, initiator: Bool, transportDevice: DeviceID? = nil) {
         self.address = address
         self.initiator = initiator
+        self.transportDevice = transportDevice
     }
 }
 
@@ -80,6 +88,12 @@ public enum NodeEvent: Sendable {
     case converged(PeerInfo, digest: StateDigest)
     /// A delta from a peer changed the local state.
     case remoteChange(MergeOutcome, from: PeerInfo)
+    /// The roster changed; `removedSelf` when this device itself is no longer active.
+    case rosterChanged(Roster, removedSelf: Bool)
+    /// This device's join completed: it is on the roster it received from its inviter.
+    case joined(Roster)
+    /// A local change this node made itself (admitting a joiner's roster entry).
+    case localChange(RecordMap)
     /// Digests differed although both sides held the same events (a bug here or in the peer's
     /// implementation): a full-state exchange with the peer repairs it. `repairs` counts them.
     case divergenceRepaired(PeerInfo, repairs: Int)

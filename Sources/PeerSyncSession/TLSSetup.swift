@@ -2,21 +2,20 @@ import NIOCore
 import NIOSSL
 import PeerSyncCRDT
 
-/// How sessions are protected.
-public enum SessionSecurity: Sendable {
-    /// TLS 1.2 with an ECDHE pre-shared-key cipher suite; the key is derived from the group
-    /// secret, so only members complete the handshake (see docs/SECURITY.md).
-    case groupSecret(GroupSecret)
-    /// Plain TCP, for debugging only: anyone on the network can read and write the data.
+/// How TCP sessions are protected. Either way, every session authenticates the peer's device
+/// (a signature with its device key) and admits it only if the roster does.
+public enum SessionSecurity: Sendable, Equatable {
+    /// Mutual TLS 1.3, each side presenting a certificate made from its device key (default).
+    case tls
+    /// Plain TCP, for debugging only: anyone on the network can read the traffic (devices are
+    /// still authenticated, but nothing is encrypted).
     case insecure
 
-    var isInsecure: Bool {
-        if case .insecure = self { return true }
-        return false
-    }
+    var isInsecure: Bool { self == .insecure }
 }
 
-/// The TLS contexts of one node: the same pre-shared key on both sides of every connection.
+/// TLS 1.2 with a pre-shared key from a group secret: how protocol-1 nodes talk. Kept to reach
+/// such nodes with a clear "upgrade" error (docs/SECURITY.md, upgrade path).
 struct TLSContexts: Sendable {
     let client: NIOSSLContext
     let server: NIOSSLContext

@@ -96,5 +96,5 @@ public enum WireLimits {
     /// Catch-up chunks stay below this many encoded bytes (well under the frame limit).
     public static let chunkTargetBytes = 256 << 10
     /// Protocol version spoken by this build. Peers with another version are refused.
-    public static let protocolVersion: UInt64 = 1
+    public static let protocolVersion: UInt64 = 2
 }

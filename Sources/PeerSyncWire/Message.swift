@@ -16,6 +16,11 @@ public enum CloseReason: UInt64, Sendable, Equatable, CustomStringConvertible {
     /// The receiver found its own store restored from an older copy (the sender knows writes in
     /// its name it does not have); it continues as a new replica.
     case replicaRestored = 11
+    /// The sender's device is not admitted: another group, unknown, failed authentication, or an
+    /// invite that cannot be used (the text says which).
+    case notAdmitted = 12
+    /// The receiver's roster says the sender's device was removed from the group.
+    case deviceRemoved = 13
     case other = 99
 
     public var description: String {
@@ -32,6 +37,8 @@ public enum CloseReason: UInt64, Sendable, Equatable, CustomStringConvertible {
         case .overloaded: "peer overloaded"
         case .unknownMessage: "unknown message type"
         case .replicaRestored: "store restored from an older copy; continuing as a new replica"
+        case .notAdmitted: "not admitted to the group"
+        case .deviceRemoved: "this device was removed from the group"
         case .other: "other"
         }
     }
@@ -49,10 +56,17 @@ public struct Hello: Sendable, Equatable {
     /// The largest frame the sender accepts.
     public var maxFrameBytes: UInt64
     public var digest: StateDigest
+    /// The sync group (16 bytes); peers of another group are refused. Required from version 2.
+    public var groupID: [UInt8]?
+    /// The sender's device public key, an uncompressed P-256 point (65 bytes). Required from version 2.
+    public var deviceKey: [UInt8]?
+    /// 16 random bytes the peer signs in its `auth` (so an auth cannot be replayed). Required from version 2.
+    public var nonce: [UInt8]?
 
     public init(protocolVersion: UInt64 = WireLimits.protocolVersion, replicaID: ReplicaID, name: String,
                 wallClockMilliseconds: UInt64, context: CausalContext,
-                maxFrameBytes: UInt64 = UInt64(WireLimits.defaultMaxFrameBytes), digest: StateDigest) {
+                maxFrameBytes: UInt64 = UInt64(WireLimits.defaultMaxFrameBytes), digest: StateDigest,
+                groupID: [UInt8]? = nil, deviceKey: [UInt8]? = nil, nonce: [UInt8]? = nil) {
         self.protocolVersion = protocolVersion
         self.replicaID = replicaID
         self.name = name
@@ -60,6 +74,9 @@ public struct Hello: Sendable, Equatable {
         self.context = context
         self.maxFrameBytes = maxFrameBytes
         self.digest = digest
+        self.groupID = groupID
+        self.deviceKey = deviceKey
+        self.nonce = nonce
     }
 }
 
@@ -82,9 +99,15 @@ public enum Message: Sendable, Equatable {
     /// The sender's digest split by collection and writer, sent when digests differ although
     /// the contexts are equal (a divergence the convergence watchdog repairs).
     case breakdown(StateDigest, DigestBreakdown)
+    /// Proof that the sender holds the device key of its hello: a signature over both hellos'
+    /// nonces (docs/PROTOCOL.md §4).
+    case auth(signature: [UInt8])
+    /// A device not yet on the receiver's roster presents the roster entry that admits it (an
+    /// enrol with its invite token, or a legacy enrol).
+    case join(entry: [UInt8])
 
     public enum Kind: UInt8, Sendable {
-        case hello = 1, chunk = 2, delta = 3, ack = 4, digest = 5, ping = 6, pong = 7, goodbye = 8, error = 9, breakdown = 11
+        case hello = 1, chunk = 2, delta = 3, ack = 4, digest = 5, ping = 6, pong = 7, goodbye = 8, error = 9, auth = 10, breakdown = 11, join = 12
     }
 
     public var kind: Kind {
@@ -99,6 +122,8 @@ public enum Message: Sendable, Equatable {
         case .goodbye: .goodbye
         case .error: .error
         case .breakdown: .breakdown
+        case .auth: .auth
+        case .join: .join
         }
     }
 
@@ -118,6 +143,9 @@ public enum Message: Sendable, Equatable {
             w.bytes(5, h.context.encodedBlob())
             w.varint(6, h.maxFrameBytes)
             w.bytes(7, replicaBytes(ReplicaID(high: h.digest.high, low: h.digest.low)))
+            if let groupID = h.groupID { w.bytes(8, groupID) }
+            if let key = h.deviceKey { w.bytes(9, key) }
+            if let nonce = h.nonce { w.bytes(10, nonce) }
         case .chunk(let index, let count, let records, let delta):
             w.varint(1, index)
             w.varint(2, count)
@@ -151,6 +179,10 @@ public enum Message: Sendable, Equatable {
                 writers += id.bigEndianBytes + ReplicaID(high: d.high, low: d.low).bigEndianBytes
             }
             w.bytes(3, writers)
+        case .auth(let signature):
+            w.bytes(1, signature)
+        case .join(let entry):
+            w.bytes(1, entry)
         }
         return w.bytes
     }
@@ -180,7 +212,8 @@ public enum Message: Sendable, Equatable {
                 wallClockMilliseconds: try f.varint(4, "wallClock"),
                 context: context,
                 maxFrameBytes: try f.varint(6, "maxFrameBytes"),
-                digest: StateDigest(high: digest.high, low: digest.low)))
+                digest: StateDigest(high: digest.high, low: digest.low),
+                groupID: f.blobs[8], deviceKey: f.blobs[9], nonce: f.blobs[10]))
         case .chunk:
             let index = try f.varint(1, "index")
             let count = try f.varint(2, "count")
@@ -231,6 +264,14 @@ public enum Message: Sendable, Equatable {
                 parts.writers[id] = StateDigest(high: digest.high, low: digest.low)
             }
             return .breakdown(StateDigest(high: d.high, low: d.low), parts)
+        case .auth:
+            let signature = try f.bytes(1, "signature")
+            guard signature.count == 64 else { throw .malformed(message: "auth", detail: "a signature has 64 bytes, got \(signature.count)") }
+            return .auth(signature: signature)
+        case .join:
+            let entry = try f.bytes(1, "entry")
+            guard entry.count <= 262_144 else { throw .malformed(message: "join", detail: "entry of \(entry.count) bytes") }
+            return .join(entry: entry)
         }
     }
 }

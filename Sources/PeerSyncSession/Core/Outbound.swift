@@ -9,6 +9,10 @@ import PeerSyncWire
 struct OutboundQueue {
     /// The hello, until it is sent (always first).
     var hello: Hello?
+    /// This side's auth signature, once the peer's hello arrived.
+    var auth: [UInt8]?
+    /// The entry that admits this device, for its inviter (a joiner's first message after auth).
+    var join: [UInt8]?
     var pong: UInt64?
     var ping: UInt64?
     var ackDue = false
@@ -29,7 +33,7 @@ struct OutboundQueue {
     var flushBeforeFinal = false
 
     var hasWork: Bool {
-        hello != nil || pong != nil || ping != nil || ackDue || digestDue || breakdownDue || deltas != nil || resync
+        hello != nil || auth != nil || join != nil || pong != nil || ping != nil || ackDue || digestDue || breakdownDue || deltas != nil || resync
             || catchUp != nil || nextCatchUp != nil || final != nil
     }
 

@@ -1,4 +1,5 @@
 import PeerSyncCRDT
+import PeerSyncIdentity
 import PeerSyncModel
 import PeerSyncWire
 
@@ -11,6 +12,10 @@ typealias MonotonicInstant = ContinuousClock.Instant
 struct PeerSession {
     enum Phase: Equatable {
         case awaitingHello
+        /// The peer's hello passed; waiting for its auth (proof that it holds its device key).
+        case authenticating
+        /// An authenticated device unknown to the roster; waiting for its join entry.
+        case joining
         case established
         /// A last message (goodbye or error) is queued or being flushed; nothing more is read.
         case closing
@@ -18,6 +23,10 @@ struct PeerSession {
 
     let id: SessionID
     let origin: SessionOrigin
+    /// The nonce of this side's hello (the peer signs it).
+    let nonce: [UInt8]
+    /// The peer's device key, from its hello.
+    var peerKey: DevicePublicKey?
     var phase = Phase.awaitingHello
     var machine: SessionStateMachine
     /// Dictionary for what this side sends; starts at this side's hello wall clock.
@@ -57,6 +66,7 @@ struct PeerSession {
         self.origin = origin
         self.machine = machine
         outbound = WireDictionary(startingAt: hello.wallClockMilliseconds)
+        nonce = hello.nonce ?? []
         out.hello = hello
         openedAt = now
         lastReceived = now
@@ -78,6 +88,8 @@ struct PeerSession {
         out.final = message
         out.flushBeforeFinal = flushFirst
         out.hello = nil
+        out.auth = nil
+        out.join = nil
         out.catchUp = nil
         out.nextCatchUp = nil
         if !flushFirst {
@@ -117,6 +129,14 @@ extension PeerSession {
         if let hello = out.hello {
             add(Message.hello(hello).encodedFrame())
             out.hello = nil
+        }
+        if phase != .closing, let signature = out.auth {
+            add(Message.auth(signature: signature).encodedFrame())
+            out.auth = nil
+        }
+        if phase == .established, let entry = out.join {
+            add(Message.join(entry: entry).encodedFrame())
+            out.join = nil
         }
         if phase == .established || (phase == .closing && out.flushBeforeFinal) {
             if let nonce = out.pong {

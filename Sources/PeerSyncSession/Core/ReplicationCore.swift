@@ -1,4 +1,5 @@
 import PeerSyncCRDT
+import PeerSyncIdentity
 import PeerSyncModel
 import PeerSyncWire
 
@@ -18,6 +19,7 @@ struct ReplicationCore {
         var timing: SyncTiming
         var limits: SyncLimits
         var transfer: TransferMode
+        var identity: LocalIdentity
     }
 
     enum Action {
@@ -29,6 +31,9 @@ struct ReplicationCore {
         case commit(CommitRequest)
         case event(NodeEvent)
         case log(CoreLog)
+        /// An unknown device presented `entry` (an enrol with a valid invite, or a legacy enrol):
+        /// write it to the roster as a local change, then report ``joinerAdmitted``.
+        case admitJoiner(SessionID, RosterEntry)
     }
 
     struct CommitRequest {
@@ -45,7 +50,9 @@ struct ReplicationCore {
         let origin: String
     }
 
-    let settings: Settings
+    var settings: Settings
+    /// The group's roster as the local state has it (``updateRoster``).
+    private(set) var roster: Roster
     private(set) var sessions: [SessionID: PeerSession] = [:]
     private(set) var established: [ReplicaID: SessionID] = [:]
     private var nextSessionID: UInt64 = 1
@@ -57,9 +64,12 @@ struct ReplicationCore {
     private var shuttingDown = false
     /// Full-state repairs the convergence watchdog made.
     private(set) var repairs = 0
+    /// Log lines decided where returning actions is awkward; drained with the next actions.
+    private var queuedLogs: [CoreLog] = []
 
-    init(settings: Settings) {
+    init(settings: Settings, roster: Roster) {
         self.settings = settings
+        self.roster = roster
     }
 
     private var skewMilliseconds: UInt64 { UInt64(max(0, settings.timing.maxClockSkew.wholeMilliseconds)) }
@@ -67,13 +77,15 @@ struct ReplicationCore {
     // MARK: - Sessions opening and ending
 
     /// A transport is connected: creates the session and queues this side's hello.
-    mutating func open(_ origin: SessionOrigin, now: MonotonicInstant, wallClock: UInt64, state: ReplicaState)
+    /// `nonce`: 16 random bytes the peer will sign.
+    mutating func open(_ origin: SessionOrigin, now: MonotonicInstant, wallClock: UInt64, state: ReplicaState, nonce: [UInt8])
         -> (SessionID, [Action])
     {
         let id = SessionID(nextSessionID)
         nextSessionID += 1
         let hello = Hello(replicaID: settings.localReplica, name: settings.name, wallClockMilliseconds: wallClock,
-                          context: state.context, maxFrameBytes: UInt64(settings.limits.maxFrameBytes), digest: state.digest)
+                          context: state.context, maxFrameBytes: UInt64(settings.limits.maxFrameBytes), digest: state.digest,
+                          groupID: settings.identity.groupID.bytes, deviceKey: settings.identity.key.publicKey.x963, nonce: nonce)
         var session = PeerSession(
             id: id, origin: origin,
             machine: SessionStateMachine(localReplica: settings.localReplica, maxClockSkewMilliseconds: skewMilliseconds),
@@ -168,6 +180,8 @@ struct ReplicationCore {
             actions += carryOut(decision, session: id, now: now, wallClock: wallClock, state: state)
             if sessions[id] == nil || sessions[id]!.phase == .closing { break }
         }
+        actions += queuedLogs.map { .log($0) }
+        queuedLogs = []
         return actions + startCommitIfIdle(state: state)
     }
 
@@ -182,9 +196,18 @@ struct ReplicationCore {
         case .send:
             return []
         case .established(let hello):
-            return register(id, hello: hello, now: now, state: state)
-        case .applyChunk(let delta, let index, let count, let records):
+            return authenticate(id, hello: hello, now: now)
+        case .auth(let signature):
+            return admit(id, signature: signature, now: now, state: state)
+        case .join(let entry):
+            return join(id, entry: entry, now: now, wallClock: wallClock)
+        case .applyChunk(var delta, let index, let count, let records):
+            guard sessions[id]!.phase == .established else { return refuse(id, .notAdmitted, "data before admission", now: now) }
             if let refusal = ownNameRefusal(delta, state: state) { return refuse(id, .malformed, refusal, now: now) }
+            switch admitData(delta, from: id, now: now) {
+            case .refused(let actions): return actions
+            case .admitted(let admitted): delta = admitted
+            }
             var session = sessions[id]!
             session.batch.append(delta)
             session.batchBytes += delta.approximateWireBytes
@@ -201,17 +224,23 @@ struct ReplicationCore {
                                                        records: clampedInt(records))))
             }
             return actions
-        case .applyDelta(let delta):
+        case .applyDelta(var delta):
+            guard sessions[id]!.phase == .established else { return refuse(id, .notAdmitted, "data before admission", now: now) }
             if let refusal = ownNameRefusal(delta, state: state) { return refuse(id, .malformed, refusal, now: now) }
+            switch admitData(delta, from: id, now: now) {
+            case .refused(let actions): return actions
+            case .admitted(let admitted): delta = admitted
+            }
             queued.append(ApplyPart(session: id, deltas: [delta], endsRound: false, origin: origin(of: sessions[id]!)))
             return []
         case .acked(let context, let neighbors):
+            guard sessions[id]!.phase == .established else { return [] }
             sessions[id]!.delivered.merge(context)
             sessions[id]!.lastAckContext = context
             if let neighbors { sessions[id]!.neighbors = Set(neighbors) }
             return []
         case .digest(let digest, _):
-            guard let info = sessions[id]!.info else { return [] }
+            guard sessions[id]!.phase == .established, let info = sessions[id]!.info else { return [] }
             if digest == state.digest {
                 sessions[id]!.lastConvergedAt = wallClock
                 return [.event(.converged(info, digest: digest))]
@@ -258,6 +287,135 @@ struct ReplicationCore {
         let issued = state.context.maxCounter(of: settings.localReplica)
         guard let claimed = delta.highestCounter(of: settings.localReplica), claimed > issued else { return nil }
         return "the delta holds a write by this replica (counter \(claimed)) that it never made (its last is \(issued))"
+    }
+
+    // MARK: - Authentication and admission
+
+    /// The peer's hello passed the protocol checks: check its group and device key, and prove
+    /// our own key (auth). The session waits for the peer's auth.
+    private mutating func authenticate(_ id: SessionID, hello: Hello, now: MonotonicInstant) -> [Action] {
+        let group = settings.identity.groupID
+        guard hello.groupID == group.bytes else {
+            return refuse(id, .notAdmitted, "the peer belongs to another sync group", now: now)
+        }
+        guard let key = hello.deviceKey.flatMap(DevicePublicKey.init(x963:)) else {
+            return refuse(id, .malformed, "the hello's device key is not a P-256 point", now: now)
+        }
+        var session = sessions[id]!
+        if let transport = session.origin.transportDevice, transport != key.deviceID {
+            return refuse(id, .notAdmitted, "the hello's device key is not the one the TLS certificate carries", now: now)
+        }
+        session.peerKey = key
+        session.phase = .authenticating
+        session.out.auth = SessionAuth.sign(key: settings.identity.key, ownNonce: session.nonce, peerNonce: hello.nonce ?? [],
+                                            own: settings.localReplica, group: group)
+        sessions[id] = session
+        return [.wake(id)]
+    }
+
+    /// The peer's auth: verify it, then ask the roster.
+    private mutating func admit(_ id: SessionID, signature: [UInt8], now: MonotonicInstant, state: ReplicaState) -> [Action] {
+        let session = sessions[id]!
+        guard session.phase == .authenticating, let key = session.peerKey, let hello = session.peer else {
+            return refuse(id, .malformed, "auth out of place", now: now)
+        }
+        guard SessionAuth.verify(signature, key: key, peerNonce: hello.nonce ?? [], ownNonce: session.nonce,
+                                 peer: hello.replicaID, group: settings.identity.groupID) else {
+            return refuse(id, .notAdmitted, "authentication failed: the peer does not hold the device key it names", now: now)
+        }
+        switch roster.admission(of: key.deviceID, pendingJoin: settings.identity.pendingJoin) {
+        case .refused(let reason, let text):
+            return refuse(id, reason, text, now: now)
+        case .candidate:
+            sessions[id]!.phase = .joining
+            return [.log(CoreLog(.info, "an unknown device asks to join", sessionMetadata(session, ["peer.device": key.deviceID.shortForm])))]
+        case .member:
+            var actions = register(id, hello: hello, now: now, state: state)
+            if let join = settings.identity.pendingJoin, key.deviceID == join.inviter, sessions[id]?.phase == .established {
+                sessions[id]!.out.join = join.entry
+                actions.append(.wake(id))
+            }
+            return actions
+        }
+    }
+
+    /// An unknown device presents the roster entry that should admit it.
+    private mutating func join(_ id: SessionID, entry bytes: [UInt8], now: MonotonicInstant, wallClock: UInt64) -> [Action] {
+        let session = sessions[id]!
+        guard session.phase == .joining, let device = session.peerKey?.deviceID else {
+            // A joiner sends its entry once admitted by its inviter; elsewhere it is harmless.
+            return session.phase == .established ? [] : refuse(id, .malformed, "join out of place", now: now)
+        }
+        let entry: RosterEntry
+        do {
+            entry = try RosterEntry(bytes: bytes)
+        } catch {
+            return refuse(id, .notAdmitted, "the join entry is malformed: \(error)", now: now)
+        }
+        guard entry.signer == device, entry.groupID == settings.identity.groupID else {
+            return refuse(id, .notAdmitted, "the join entry is not this device's, for this group", now: now)
+        }
+        switch entry.payload {
+        case .enrol(let token, _):
+            if let refusal = roster.joinRefusal(token: token, now: wallClock) { return refuse(id, .notAdmitted, refusal, now: now) }
+        case .legacyEnrol:
+            break
+        default:
+            return refuse(id, .notAdmitted, "a join needs an enrol entry, got \(entry.kind)", now: now)
+        }
+        let after = roster.adding([entry])
+        guard after.isActive(device) else {
+            let reason = after.ineffective.first { $0.entry.id == entry.id }?.reason ?? "the roster does not admit it"
+            return refuse(id, .notAdmitted, reason, now: now)
+        }
+        return [.log(CoreLog(.info, "admitting a new device", sessionMetadata(session, ["peer.device": device.shortForm]))),
+                .admitJoiner(id, entry)]
+    }
+
+    /// The joiner's entry is committed (and in `roster`): the session becomes a member's.
+    mutating func joinerAdmitted(_ id: SessionID, roster: Roster, now: MonotonicInstant, state: ReplicaState) -> [Action] {
+        self.roster = roster
+        guard let session = sessions[id], session.phase == .joining, let hello = session.peer else { return [] }
+        return register(id, hello: hello, now: now, state: state) + startCommitIfIdle(state: state)
+    }
+
+    /// The roster changed (a local or a peer's entry): sessions of devices no longer active end.
+    mutating func updateRoster(_ roster: Roster, identity: LocalIdentity, now: MonotonicInstant) -> [Action] {
+        self.roster = roster
+        settings.identity = identity
+        var actions: [Action] = []
+        for id in sessions.keys.sorted() {
+            guard let session = sessions[id], session.phase == .established, let device = session.peerKey?.deviceID else { continue }
+            if case .refused(let reason, let text) = roster.admission(of: device, pendingJoin: identity.pendingJoin) {
+                actions += refuse(id, reason, text, now: now)
+            }
+        }
+        return actions
+    }
+
+    enum DataAdmission {
+        case admitted(RecordMap)
+        case refused([Action])
+    }
+
+    /// Roster entries in a peer's delta must be well formed and authorised; a removed device's
+    /// writes beyond its cutoff are dropped (their dots stay known, so nobody offers them again).
+    private mutating func admitData(_ delta: RecordMap, from id: SessionID, now: MonotonicInstant) -> DataAdmission {
+        if delta.touchesRoster {
+            let validation = roster.validate(delta: delta)
+            if let refusal = validation.refused.first {
+                let hostile = validation.hasMalformed
+                return .refused(refuse(id, hostile ? .malformed : .other,
+                                       hostile ? "roster entry refused: \(refusal)"
+                                               : "roster entries arrived before the entries that authorise them (\(refusal)); try again",
+                                       now: now))
+            }
+        }
+        guard let (stripped, count) = delta.strippingRefused(by: roster) else { return .admitted(delta) }
+        if let session = sessions[id] {
+            queuedLogs.append(CoreLog(.info, "dropped writes of a removed device", sessionMetadata(session, ["writes": "\(count)"])))
+        }
+        return .admitted(stripped)
     }
 
     private func origin(of session: PeerSession) -> String {
@@ -445,9 +603,10 @@ struct ReplicationCore {
                 if let since = session.closingSince, now - since >= timing.closeDrainTimeout {
                     actions.append(.closeTransport(id))
                 }
-            case .awaitingHello:
+            case .awaitingHello, .authenticating, .joining:
                 if now - session.openedAt >= timing.handshakeTimeout {
-                    actions += refuse(id, .timeout, "no hello within \(formatSeconds(timing.handshakeTimeout.millisecondsDouble / 1000))", now: now)
+                    let what = session.phase == .awaitingHello ? "no hello" : "no admission"
+                    actions += refuse(id, .timeout, "\(what) within \(formatSeconds(timing.handshakeTimeout.millisecondsDouble / 1000))", now: now)
                     continue
                 }
             case .established:

@@ -1,0 +1,125 @@
+import PeerSyncCRDT
+import PeerSyncIdentity
+import PeerSyncModel
+import PeerSyncWire
+
+/// This node's device in its group: the key it signs with and the group it belongs to.
+public struct LocalIdentity: Sendable {
+    public let key: DeviceKey
+    public let groupID: GroupID
+    /// Set while this device has not joined yet: the inviter it trusts (named by the invite code)
+    /// and the enrol entry it presents.
+    public var pendingJoin: PendingJoin?
+
+    public init(key: DeviceKey, groupID: GroupID, pendingJoin: PendingJoin? = nil) {
+        self.key = key
+        self.groupID = groupID
+        self.pendingJoin = pendingJoin
+    }
+}
+
+/// A join in progress: the inviter's device, and the signed entry that admits this device.
+public struct PendingJoin: Sendable, Equatable {
+    public let inviter: DeviceID
+    public let entry: [UInt8]
+
+    public init(inviter: DeviceID, entry: [UInt8]) {
+        self.inviter = inviter
+        self.entry = entry
+    }
+}
+
+/// Session authentication: each side signs the other's fresh nonce, so a peer proves it holds
+/// the device key its hello names (on TLS the certificate's key must be the same key).
+///
+/// ```
+/// auth signature = ECDSA-P256-SHA256, low-S, over
+///   "peersync session v2" 00 ‖ signer's nonce ‖ verifier's nonce ‖ signer's replica ID ‖ group ID
+/// ```
+enum SessionAuth {
+    static let domain = Array("peersync session v2".utf8) + [0]
+
+    static func transcript(signerNonce: [UInt8], verifierNonce: [UInt8], signer: ReplicaID, group: [UInt8]) -> [UInt8] {
+        domain + signerNonce + verifierNonce + signer.bigEndianBytes + group
+    }
+
+    static func sign(key: DeviceKey, ownNonce: [UInt8], peerNonce: [UInt8], own: ReplicaID, group: GroupID) -> [UInt8] {
+        key.signature(for: transcript(signerNonce: ownNonce, verifierNonce: peerNonce, signer: own, group: group.bytes))
+    }
+
+    static func verify(_ signature: [UInt8], key: DevicePublicKey, peerNonce: [UInt8], ownNonce: [UInt8], peer: ReplicaID,
+                       group: GroupID) -> Bool {
+        key.isValidSignature(signature, for: transcript(signerNonce: peerNonce, verifierNonce: ownNonce, signer: peer, group: group.bytes))
+    }
+}
+
+/// Who may sync: the roster's verdict on an authenticated device.
+enum AdmissionVerdict: Equatable {
+    /// An active device of the roster (or the inviter this device is joining through).
+    case member
+    /// Unknown to the roster: it may present a roster entry that admits it (`join`).
+    case candidate
+    case refused(CloseReason, String)
+}
+
+extension Roster {
+    /// The verdict on `device` for a node whose own join is `pendingJoin`.
+    func admission(of device: DeviceID, pendingJoin: PendingJoin?) -> AdmissionVerdict {
+        if let pendingJoin {
+            // Until its catch-up brings the roster, a joiner trusts exactly its inviter.
+            if device == pendingJoin.inviter || isActive(device) { return .member }
+            return .refused(.notAdmitted, "this device is still joining the group; it syncs with its inviter first")
+        }
+        if isActive(device) { return .member }
+        if let removed = devices[device]?.removal ?? banned[device] {
+            let by = devices[removed.by]?.name ?? removed.by.shortForm
+            return .refused(.deviceRemoved, "device \(device.shortForm) was removed from the group by \(by)")
+        }
+        return .candidate
+    }
+}
+
+extension RecordMap {
+    /// This delta without the writes the roster refuses (a removed device's writes beyond its
+    /// cutoff); their dots stay in the context, so they are not offered again. Returns nil if
+    /// nothing is refused.
+    func strippingRefused(by roster: Roster) -> (delta: RecordMap, stripped: Int)? {
+        guard !roster.devices.values.allSatisfy(\.isActive) || !roster.banned.isEmpty else { return nil }
+        var stripped = 0
+        var records: [(RecordKey, RecordState)] = []
+        for (key, state) in allRecords {
+            var fields = state.fields
+            var presence = state.presence
+            for (name, register) in state.fields where roster.refusal(of: register.dot) != nil {
+                fields[name] = nil
+                stripped += 1
+            }
+            for (writer, entry) in state.presence {
+                if roster.refusal(of: Dot(replica: writer, counter: entry.counter)) != nil {
+                    presence[writer] = nil
+                    stripped += 1
+                } else if let remover = entry.removedBy, roster.refusal(of: remover) != nil {
+                    presence[writer] = PresenceEntry(counter: entry.counter, removedBy: nil)  // the add stands, the removal not
+                    stripped += 1
+                }
+            }
+            if !fields.isEmpty || !presence.isEmpty { records.append((key, RecordState(fields: fields, presence: presence))) }
+        }
+        guard stripped > 0 else { return nil }
+        return (RecordMap(records: records, context: context, maintainingDigest: false), stripped)
+    }
+
+    /// Whether this delta writes roster entries.
+    var touchesRoster: Bool { collections[RosterEntry.collection] != nil }
+}
+
+extension ReplicaState {
+    /// The roster of `group` as this state's `_roster` records say. Records that do not decode
+    /// are left out (they were refused on receipt; a local store can only hold them if damaged).
+    public func roster(of group: GroupID) -> Roster {
+        let entries = records.records(in: RosterEntry.collection).compactMap { id, state in
+            try? RosterEntry(recordID: id, fields: state.values)
+        }
+        return Roster(groupID: group, entries: entries)
+    }
+}
