@@ -9,9 +9,11 @@
 /// ```
 ///
 /// Decoding never traps: every count is checked against the bytes left, every index against the
-/// table, and state invariants (unique names, counters ≥ 1, `supersedes < timestamp`) are
-/// checked, so bytes from a hostile peer produce a ``BinaryDecodingError``, not a crash or a
-/// state that breaks the join laws.
+/// table, every number against ``ValidationLimits`` (counters in 1...2⁵³, timestamps up to the
+/// year 9999, at most 10,000 replicas and 100,000 cloud dots per context, nesting ≤ 64), and
+/// state invariants (unique names, `supersedes < timestamp`) are checked, so bytes from a
+/// hostile peer or a damaged file produce a ``BinaryDecodingError``, not a crash, a stall or a
+/// state that breaks the join laws. Limits on sizes are checked before anything is allocated.
 public enum BinaryDecodingError: Error, Equatable, CustomStringConvertible {
     case truncated(String)
     case invalid(String)
@@ -75,11 +77,17 @@ struct BlobReader {
     var reader: ByteReader
     let table: [ReplicaID]
 
-    init(_ bytes: [UInt8], skipping prefix: Int = 0) throws(BinaryDecodingError) {
+    /// Reads the replica table; `maxTable` bounds it before any ID is read (a context blob's
+    /// table names the context's replicas, so at most ``ValidationLimits/maxContextReplicas``;
+    /// other blobs are bounded by their bytes only).
+    init(_ bytes: [UInt8], skipping prefix: Int = 0, maxTable: Int = .max) throws(BinaryDecodingError) {
         reader = ByteReader(bytes)
         guard reader.readBytes(prefix) != nil else { throw .truncated("header") }
         guard let count = reader.readVarint(), count <= UInt64(reader.remaining / 16) else {
             throw .truncated("replica table")
+        }
+        guard count <= UInt64(maxTable) else {
+            throw .invalid("replica table of \(count) IDs (limit \(maxTable))")
         }
         var table: [ReplicaID] = []
         table.reserveCapacity(Int(count))
@@ -88,47 +96,53 @@ struct BlobReader {
         self.table = table
     }
 
-    mutating func varint(_ what: String) throws(BinaryDecodingError) -> UInt64 {
-        guard let v = reader.readVarint() else { throw .truncated(what) }
+    // `what` names the item in an error; it is an autoclosure so that the names (often
+    // interpolated) cost nothing unless decoding fails.
+
+    mutating func varint(_ what: @autoclosure () -> String) throws(BinaryDecodingError) -> UInt64 {
+        guard let v = reader.readVarint() else { throw .truncated(what()) }
         return v
     }
 
     /// A count of items that each take at least one byte.
-    mutating func count(_ what: String) throws(BinaryDecodingError) -> Int {
-        let n = try varint(what)
-        guard n <= UInt64(reader.remaining) else { throw .truncated(what) }
+    mutating func count(_ what: @autoclosure () -> String) throws(BinaryDecodingError) -> Int {
+        let n = try varint(what())
+        guard n <= UInt64(reader.remaining) else { throw .truncated(what()) }
         return Int(n)
     }
 
-    mutating func replica(_ what: String) throws(BinaryDecodingError) -> ReplicaID {
-        let i = try varint(what)
-        guard i < UInt64(table.count) else { throw .invalid("\(what) (replica index \(i) of \(table.count))") }
+    mutating func replica(_ what: @autoclosure () -> String) throws(BinaryDecodingError) -> ReplicaID {
+        let i = try varint(what())
+        guard i < UInt64(table.count) else { throw .invalid("\(what()) (replica index \(i) of \(table.count))") }
         return table[Int(i)]
     }
 
-    mutating func counter(_ what: String) throws(BinaryDecodingError) -> UInt64 {
-        let c = try varint(what)
-        guard c >= 1 else { throw .invalid("\(what) (counter 0)") }
+    /// An event counter: 1 through ``ValidationLimits/maxCounter``.
+    mutating func counter(_ what: @autoclosure () -> String) throws(BinaryDecodingError) -> UInt64 {
+        let c = try varint(what())
+        guard ValidationLimits.isValidCounter(c) else {
+            throw .invalid("\(what()) (counter \(c) outside 1...\(ValidationLimits.maxCounter))")
+        }
         return c
     }
 
-    mutating func string(_ what: String) throws(BinaryDecodingError) -> String {
-        guard let bytes = reader.readLengthPrefixed() else { throw .truncated(what) }
-        guard let s = String(validating: bytes, as: UTF8.self) else { throw .invalid("\(what) (not UTF-8)") }
+    mutating func string(_ what: @autoclosure () -> String) throws(BinaryDecodingError) -> String {
+        guard let bytes = reader.readLengthPrefixed() else { throw .truncated(what()) }
+        guard let s = String(validating: bytes, as: UTF8.self) else { throw .invalid("\(what()) (not UTF-8)") }
         return s
     }
 
-    mutating func uuid(_ what: String) throws(BinaryDecodingError) -> UUID {
-        guard let b = reader.readBytes(16) else { throw .truncated(what) }
+    mutating func uuid(_ what: @autoclosure () -> String) throws(BinaryDecodingError) -> UUID {
+        guard let b = reader.readBytes(16) else { throw .truncated(what()) }
         let a = Array(b)
         return UUID(uuid: (a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]))
     }
 
-    mutating func value(_ what: String) throws(BinaryDecodingError) -> FieldValue {
+    mutating func value(_ what: @autoclosure () -> String) throws(BinaryDecodingError) -> FieldValue {
         do {
             return try FieldValue.decode(from: &reader, depth: 0)
         } catch {
-            throw .invalid("\(what): \(error)")
+            throw .invalid("\(what()): \(error)")
         }
     }
 
@@ -183,7 +197,9 @@ extension RecordState {
             let value = try r.value("field \(name) value")
             let offset = try r.varint("field timestamp")
             let (timestamp, overflow) = base.addingReportingOverflow(offset)
-            guard !overflow else { throw .invalid("field \(name) timestamp") }
+            guard !overflow, timestamp <= ValidationLimits.maxTimestamp.rawValue else {
+                throw .invalid("field \(name) timestamp (after the year 9999)")
+            }
             let writer = try r.replica("field writer")
             let counter = try r.counter("field dot")
             let back = try r.varint("field supersedes")
@@ -274,26 +290,46 @@ extension CausalContext {
     }
 
     /// Reads the entries of ``encode(into:writeReplica:)``, reading each replica with
-    /// `readReplica`. Every count is checked against the bytes left.
+    /// `readReplica`. Every count is checked against the bytes left and against
+    /// ``ValidationLimits`` (replicas, cloud dots, counters) before anything is built, so an
+    /// over-limit context is refused at the cost of reading its first numbers.
+    ///
+    /// - Complexity: O(bytes read).
     public static func decode(from reader: inout ByteReader, readReplica: (inout ByteReader) throws -> ReplicaID) throws -> CausalContext {
-        var context = CausalContext()
         guard let count = reader.readVarint(), count <= UInt64(reader.remaining) else { throw BinaryDecodingError.truncated("context size") }
-        var seen = Set<ReplicaID>()
+        guard count <= UInt64(ValidationLimits.maxContextReplicas) else {
+            throw BinaryDecodingError.invalid("context names \(count) replicas (limit \(ValidationLimits.maxContextReplicas))")
+        }
+        var context = CausalContext()
+        var seen = Set<ReplicaID>(minimumCapacity: Int(count))
+        var cloudDots: UInt64 = 0
+        var cloud: [UInt64] = []
         for _ in 0..<count {
             let replica = try readReplica(&reader)
             guard seen.insert(replica).inserted else { throw BinaryDecodingError.invalid("context (replica twice)") }
-            guard var previous = reader.readVarint() else { throw BinaryDecodingError.truncated("context counter") }
-            if previous > 0 { context.merge(CausalContext(versionVector: [replica: previous])) }
+            guard let contiguous = reader.readVarint() else { throw BinaryDecodingError.truncated("context counter") }
+            guard contiguous <= ValidationLimits.maxCounter else {
+                throw BinaryDecodingError.invalid("context counter \(contiguous) (limit \(ValidationLimits.maxCounter))")
+            }
             guard let cloudCount = reader.readVarint(), cloudCount <= UInt64(reader.remaining) else {
                 throw BinaryDecodingError.truncated("context cloud size")
             }
+            guard cloudCount <= UInt64(ValidationLimits.maxCloudDots) - cloudDots else {
+                throw BinaryDecodingError.invalid("context holds over \(ValidationLimits.maxCloudDots) out-of-order dots")
+            }
+            cloudDots += cloudCount
+            cloud.removeAll(keepingCapacity: true)
+            var previous = contiguous
             for _ in 0..<cloudCount {
                 guard let gap = reader.readVarint() else { throw BinaryDecodingError.truncated("context cloud gap") }
-                let (next, overflow) = previous.addingReportingOverflow(gap)
-                guard gap >= 1, !overflow else { throw BinaryDecodingError.invalid("context cloud gap") }
-                context.insert(Dot(replica: replica, counter: next))
-                previous = next
+                guard gap >= 1 else { throw BinaryDecodingError.invalid("context cloud gap 0") }
+                guard gap <= ValidationLimits.maxCounter - previous else {  // previous ≤ maxCounter: no underflow
+                    throw BinaryDecodingError.invalid("context cloud counter beyond \(ValidationLimits.maxCounter)")
+                }
+                previous += gap
+                cloud.append(previous)
             }
+            context.setDecodedEntry(replica, contiguous: contiguous, ascendingCloud: cloud)
         }
         return context
     }
@@ -305,7 +341,7 @@ extension CausalContext {
     }
 
     public init(blob: [UInt8]) throws(BinaryDecodingError) {
-        var r = try BlobReader(blob)
+        var r = try BlobReader(blob, maxTable: ValidationLimits.maxContextReplicas)
         self = try CausalContext.decode(from: &r)
         try r.expectEnd("context")
     }

@@ -36,6 +36,8 @@ public struct CausalContext: Hashable, Sendable {
     }
 
     /// The highest counter of `replica` seen at all (vector or cloud).
+    ///
+    /// - Complexity: O(cloud dots of `replica`).
     public func maxCounter(of replica: ReplicaID) -> UInt64 {
         max(versionVector[replica] ?? 0, dotCloud[replica]?.max() ?? 0)
     }
@@ -43,6 +45,13 @@ public struct CausalContext: Hashable, Sendable {
     /// The replicas that have at least one dot here.
     public var replicas: Set<ReplicaID> {
         Set(versionVector.keys).union(dotCloud.keys)
+    }
+
+    /// Number of replicas that have at least one dot here.
+    ///
+    /// - Complexity: O(replicas with cloud dots).
+    public var replicaCount: Int {
+        versionVector.count + dotCloud.keys.reduce(0) { $0 + (versionVector[$1] == nil ? 1 : 0) }
     }
 
     /// Number of dots waiting in the cloud (a measure of metadata that has not compacted).
@@ -55,27 +64,44 @@ public struct CausalContext: Hashable, Sendable {
     }
 
     /// The dot after the highest one `replica` has made.
-    public func nextDot(for replica: ReplicaID) -> Dot {
-        Dot(replica: replica, counter: maxCounter(of: replica) + 1)
+    ///
+    /// - Throws: ``CounterExhaustedError`` if that dot's counter would pass
+    ///   ``ValidationLimits/maxCounter`` (only a hostile peer can bring a replica there).
+    public func nextDot(for replica: ReplicaID) throws(CounterExhaustedError) -> Dot {
+        let highest = maxCounter(of: replica)
+        guard highest < ValidationLimits.maxCounter else { throw CounterExhaustedError(replica: replica) }
+        return Dot(replica: replica, counter: highest + 1)
+    }
+
+    /// Whether `replica` can take another dot (its counter is below ``ValidationLimits/maxCounter``).
+    public func canTakeDot(for replica: ReplicaID) -> Bool {
+        maxCounter(of: replica) < ValidationLimits.maxCounter
     }
 
     /// Adds one dot, compacting the cloud into the vector where it closes a gap.
+    ///
+    /// - Complexity: O(1) on average, plus O(dots moved from the cloud to the vector).
     public mutating func insert(_ dot: Dot) {
         let current = versionVector[dot.replica] ?? 0
         if dot.counter <= current { return }
-        if dot.counter == current + 1 {
+        if dot.counter == current + 1 {  // no overflow: dot.counter > current
             versionVector[dot.replica] = dot.counter
-            compact(dot.replica)
+            compact(dot.replica, coveredFrom: dot.counter)
         } else {
             dotCloud[dot.replica, default: []].insert(dot.counter)
         }
     }
 
     /// Set union.
+    ///
+    /// - Complexity: O(size of `other`) plus O(dots that move from the cloud to the vector);
+    ///   a vector entry of `other` that jumps past cloud dots here costs O(min(jump, cloud)).
     public mutating func merge(_ other: CausalContext) {
-        for (replica, counter) in other.versionVector where counter > (versionVector[replica] ?? 0) {
+        for (replica, counter) in other.versionVector {
+            let current = versionVector[replica] ?? 0
+            guard counter > current else { continue }
             versionVector[replica] = counter
-            compact(replica)
+            compact(replica, coveredFrom: current + 1)
         }
         for (replica, counters) in other.dotCloud {
             for counter in counters { insert(Dot(replica: replica, counter: counter)) }
@@ -89,11 +115,20 @@ public struct CausalContext: Hashable, Sendable {
     }
 
     /// Whether every dot of `other` is in `self`.
+    ///
+    /// - Complexity: O(size of `other` + cloud dots here), whatever the counters' magnitudes.
     public func includes(_ other: CausalContext) -> Bool {
-        for (replica, counter) in other.versionVector where counter > (versionVector[replica] ?? 0) {
-            for c in ((versionVector[replica] ?? 0) + 1)...counter where !(dotCloud[replica]?.contains(c) ?? false) {
-                return false
-            }
+        for (replica, counter) in other.versionVector {
+            let ours = versionVector[replica] ?? 0
+            guard counter > ours else { continue }
+            // Every counter of ours+1...counter must be in our cloud. Cloud counters are all
+            // above `ours` and distinct, so that holds iff the cloud has `counter - ours` of them
+            // up to `counter`. (In canonical form `ours + 1` is never in the cloud, so this is
+            // false; counting keeps it exact, and bounded by the cloud, for any form.)
+            guard let cloud = dotCloud[replica], UInt64(cloud.count) >= counter - ours else { return false }
+            var inRange: UInt64 = 0
+            for c in cloud where c <= counter { inRange += 1 }
+            if inRange != counter - ours { return false }
         }
         for (replica, counters) in other.dotCloud {
             for counter in counters where !contains(Dot(replica: replica, counter: counter)) { return false }
@@ -118,13 +153,64 @@ public struct CausalContext: Hashable, Sendable {
         if let cloud = dotCloud[replica] { for counter in cloud { body(counter, true) } }
     }
 
-    private mutating func compact(_ replica: ReplicaID) {
-        guard var cloud = dotCloud[replica] else { return }
-        var top = versionVector[replica] ?? 0
-        while cloud.remove(top + 1) != nil { top += 1 }
-        cloud = cloud.filter { $0 > top }
+    /// Why this context breaks a bound of ``ValidationLimits`` (too many replicas or cloud
+    /// dots, a counter above ``ValidationLimits/maxCounter``), or nil if it does not.
+    ///
+    /// - Complexity: O(replicas + cloud dots).
+    public var limitViolation: String? {
+        let replicaCount = replicaCount
+        if replicaCount > ValidationLimits.maxContextReplicas {
+            return "context names \(replicaCount) replicas (limit \(ValidationLimits.maxContextReplicas))"
+        }
+        let cloudDots = cloudDotCount
+        if cloudDots > ValidationLimits.maxCloudDots {
+            return "context holds \(cloudDots) out-of-order dots (limit \(ValidationLimits.maxCloudDots))"
+        }
+        for (replica, counter) in versionVector where counter > ValidationLimits.maxCounter {
+            return "context counter \(counter) of replica \(replica) exceeds \(ValidationLimits.maxCounter)"
+        }
+        for (replica, cloud) in dotCloud {
+            for counter in cloud where counter > ValidationLimits.maxCounter {
+                return "context counter \(counter) of replica \(replica) exceeds \(ValidationLimits.maxCounter)"
+            }
+        }
+        return nil
+    }
+
+    /// Sets the entry of a replica not yet present from decoded parts: its contiguous counter
+    /// and its cloud counters in strictly ascending order (each above `contiguous`). Cloud
+    /// counters that continue the vector move into it, so the result is canonical.
+    ///
+    /// - Complexity: O(cloud counters).
+    mutating func setDecodedEntry(_ replica: ReplicaID, contiguous: UInt64, ascendingCloud cloud: [UInt64]) {
+        var top = contiguous
+        var first = 0
+        while first < cloud.count, top < UInt64.max, cloud[first] == top + 1 {
+            top += 1
+            first += 1
+        }
         if top > 0 { versionVector[replica] = top }
-        dotCloud[replica] = cloud.isEmpty ? nil : cloud
+        if first < cloud.count { dotCloud[replica] = Set(cloud[first...]) }
+    }
+
+    /// Moves the cloud dots of `replica` that the vector now covers or continues into the
+    /// vector. `coveredFrom...vector` is the range the vector just gained; cloud dots in it are
+    /// dropped (visiting whichever is smaller, the range or the cloud), then dots that continue
+    /// the vector move into it one by one.
+    private mutating func compact(_ replica: ReplicaID, coveredFrom start: UInt64) {
+        // Take the set out of the dictionary so it is uniquely referenced and changes in place.
+        guard var cloud = dotCloud.removeValue(forKey: replica) else { return }
+        var top = versionVector[replica] ?? 0
+        if start <= top {
+            if top - start < UInt64(cloud.count) {
+                for counter in start...top { cloud.remove(counter) }
+            } else {
+                cloud = cloud.filter { $0 > top }
+            }
+        }
+        while top < UInt64.max, cloud.remove(top + 1) != nil { top += 1 }
+        if top > 0 { versionVector[replica] = top }
+        if !cloud.isEmpty { dotCloud[replica] = cloud }
     }
 }
 

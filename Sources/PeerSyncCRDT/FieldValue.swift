@@ -140,7 +140,8 @@ extension FieldValue {
         return out
     }
 
-    /// Decodes one value from the canonical encoding. Nesting deeper than 64 levels is refused.
+    /// Decodes one value from the canonical encoding. Nesting deeper than
+    /// ``ValidationLimits/maxValueDepth`` (64) levels, and a map with a key twice, are refused.
     public init(decoding bytes: some Collection<UInt8>) throws(FieldValueDecodingError) {
         var reader = ByteReader(Array(bytes))
         self = try FieldValue.decode(from: &reader, depth: 0)
@@ -148,8 +149,10 @@ extension FieldValue {
     }
 
     /// Decodes one value at the reader's position (nesting deeper than 64 levels is refused).
+    ///
+    /// - Complexity: O(bytes read); every count is checked against the bytes left first.
     public static func decode(from reader: inout ByteReader, depth: Int) throws(FieldValueDecodingError) -> FieldValue {
-        guard depth < 64 else { throw .tooDeep }
+        guard depth < ValidationLimits.maxValueDepth else { throw .tooDeep }
         guard let tag = reader.readByte() else { throw .truncated }
         switch tag {
         case 0: return .null
@@ -180,7 +183,8 @@ extension FieldValue {
             for _ in 0..<count {
                 guard let keyBytes = reader.readLengthPrefixed() else { throw .truncated }
                 guard let key = String(validating: keyBytes, as: UTF8.self) else { throw .invalidUTF8 }
-                entries[key] = try decode(from: &reader, depth: depth + 1)
+                let value = try decode(from: &reader, depth: depth + 1)
+                guard entries.updateValue(value, forKey: key) == nil else { throw .duplicateKey(key) }
             }
             return .map(entries)
         case 9:
@@ -189,6 +193,20 @@ extension FieldValue {
             return .uuid(UUID(uuid: (a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15])))
         default:
             throw .unknownTag(tag)
+        }
+    }
+
+    /// Whether some value inside this one sits more than `limit` levels below it (the items of
+    /// a list are one level below the list). The canonical decoding accepts a value iff it is
+    /// not nested deeper than ``ValidationLimits/maxValueDepth`` − 1; the store refuses a
+    /// change that holds a value it could not read back.
+    ///
+    /// - Complexity: O(size), visiting at most `limit + 1` levels.
+    public func isNested(deeperThan limit: Int) -> Bool {
+        switch self {
+        case .list(let items): items.contains { limit <= 0 || $0.isNested(deeperThan: limit - 1) }
+        case .map(let entries): entries.values.contains { limit <= 0 || $0.isNested(deeperThan: limit - 1) }
+        default: false
         }
     }
 
@@ -226,6 +244,7 @@ public enum FieldValueDecodingError: Error, Equatable, CustomStringConvertible {
     case invalidUTF8
     case unknownTag(UInt8)
     case tooDeep
+    case duplicateKey(String)
 
     public var description: String {
         switch self {
@@ -233,7 +252,8 @@ public enum FieldValueDecodingError: Error, Equatable, CustomStringConvertible {
         case .trailingBytes: "field value has trailing bytes"
         case .invalidUTF8: "field value holds a string that is not UTF-8"
         case .unknownTag(let tag): "field value has unknown kind tag \(tag)"
-        case .tooDeep: "field value nests deeper than 64 levels"
+        case .tooDeep: "field value nests deeper than \(ValidationLimits.maxValueDepth) levels"
+        case .duplicateKey(let key): "field value holds a map with the key \"\(key)\" twice"
         }
     }
 }

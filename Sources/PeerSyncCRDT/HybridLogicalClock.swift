@@ -54,9 +54,12 @@ public struct HybridLogicalClock: Sendable {
         self.physicalClock = physicalClock
     }
 
-    /// The system's wall clock in milliseconds since 1970.
+    /// The system's wall clock in milliseconds since 1970 (0 before 1970, and at most
+    /// ``ValidationLimits/maxPhysicalMilliseconds``).
     public static let wallClock: PhysicalClock = {
-        UInt64(max(0, Date().timeIntervalSince1970 * 1000))
+        let milliseconds = Date().timeIntervalSince1970 * 1000
+        guard milliseconds > 0 else { return 0 }  // also NaN
+        return UInt64(min(milliseconds, Double(ValidationLimits.maxPhysicalMilliseconds)))
     }
 
     /// The current reading of this clock's physical source.
@@ -65,10 +68,15 @@ public struct HybridLogicalClock: Sendable {
     /// A new timestamp for a local event, greater than every timestamp issued or observed.
     ///
     /// If the logical counter would overflow, the physical part moves one millisecond ahead.
+    /// Timestamps never pass ``ValidationLimits/maxTimestamp`` (the year 9999): a clock that
+    /// has reached it (only a wall clock or a peer's timestamp from that year can bring it
+    /// there) returns it again rather than issue a timestamp every peer would refuse.
     public mutating func tick() -> HLCTimestamp {
-        let now = min(physicalClock(), (1 << 48) - 1)
+        let now = min(physicalClock(), ValidationLimits.maxPhysicalMilliseconds)
         if now > latest.physicalMilliseconds {
             latest = HLCTimestamp(physicalMilliseconds: now, logical: 0)
+        } else if latest.rawValue >= ValidationLimits.maxTimestamp.rawValue {
+            latest = ValidationLimits.maxTimestamp
         } else if latest.logical == .max {
             latest = HLCTimestamp(physicalMilliseconds: latest.physicalMilliseconds + 1, logical: 0)
         } else {

@@ -32,9 +32,11 @@ public struct ORSet<Element: Hashable & Sendable>: Sendable {
 
     /// Adds `element` as `replica`. The delta also covers the element's earlier dots, so one
     /// live dot per element remains on this replica.
+    ///
+    /// - Throws: ``CounterExhaustedError`` (and changes nothing) if `replica` has no counter left.
     @discardableResult
-    public mutating func insert(_ element: Element, by replica: ReplicaID) -> ORSet {
-        let dot = context.nextDot(for: replica)
+    public mutating func insert(_ element: Element, by replica: ReplicaID) throws(CounterExhaustedError) -> ORSet {
+        let dot = try context.nextDot(for: replica)
         var deltaContext = CausalContext(dots: entries[element] ?? [])
         deltaContext.insert(dot)
         let delta = ORSet(entries: [element: [dot]], context: deltaContext)

@@ -92,18 +92,22 @@ public struct RecordMap: Sendable {
     /// record present. Returns the delta, already applied to `self`.
     ///
     /// `time` should come from the replica's hybrid logical clock, which has observed every
-    /// timestamp in this state, so the write wins over all it replaces.
+    /// timestamp in this state, so the write wins over all it replaces. (A `time` that is not
+    /// later than a field's current value makes a write that loses to it; it records that it
+    /// superseded nothing, since a register's `supersedes` is always older than its timestamp.)
+    ///
+    /// - Throws: ``CounterExhaustedError`` (and changes nothing) if `replica` has no counter left.
     @discardableResult
     public mutating func write(
         _ fields: [String: FieldValue], to key: RecordKey, at time: HLCTimestamp, by replica: ReplicaID
-    ) -> RecordMap {
-        let dot = context.nextDot(for: replica)
+    ) throws(CounterExhaustedError) -> RecordMap {
+        let dot = try context.nextDot(for: replica)
         let existing = record(key)
         var state = RecordState()
         for (name, value) in fields {
+            let replaced = existing?.fields[name]?.timestamp ?? .zero
             state.fields[name] = FieldRegister(
-                value: value, timestamp: time, dot: dot,
-                supersedes: existing?.fields[name]?.timestamp ?? .zero)
+                value: value, timestamp: time, dot: dot, supersedes: replaced < time ? replaced : .zero)
         }
         state.presence[replica] = PresenceEntry(counter: dot.counter, removedBy: nil)
         var delta = RecordMap.withoutDigest()
@@ -125,10 +129,12 @@ public struct RecordMap: Sendable {
 
     /// Deletes the record `key` as one event of `replica`: kills every live presence entry
     /// observed here. Returns the delta, or nil if the record is not visible.
+    ///
+    /// - Throws: ``CounterExhaustedError`` (and changes nothing) if `replica` has no counter left.
     @discardableResult
-    public mutating func remove(_ key: RecordKey, by replica: ReplicaID) -> RecordMap? {
+    public mutating func remove(_ key: RecordKey, by replica: ReplicaID) throws(CounterExhaustedError) -> RecordMap? {
         guard let existing = record(key), existing.isVisible else { return nil }
-        let dot = context.nextDot(for: replica)
+        let dot = try context.nextDot(for: replica)
         var state = RecordState()
         for (writer, entry) in existing.presence where entry.isLive {
             state.presence[writer] = PresenceEntry(counter: entry.counter, removedBy: dot)

@@ -6,6 +6,13 @@ import PeerSyncCRDT
 ///
 /// Every mutator that changes synced state returns the delta to send to peers (already applied
 /// here); `nil` means nothing changed.
+///
+/// A local change can fail in one way: the replica has used its last event counter
+/// (``CounterExhaustedError``; only a hostile peer can bring that about). ``save(_:)`` throws
+/// it. The other mutators keep their non-throwing signatures: they change nothing, return no
+/// delta (nil, or an empty one from ``write(_:to:)``) and record the error in
+/// ``localChangeFailure``; ``ReplicaStore`` throws it from the transaction and writes nothing,
+/// and ``throwIfLocalChangeFailed()`` throws it for code that uses the state directly.
 public struct ReplicaState: Sendable {
     public let replicaID: ReplicaID
     public var name: String
@@ -13,6 +20,9 @@ public struct ReplicaState: Sendable {
     public private(set) var records: RecordMap
     public private(set) var localSettings: [String: FieldValue]
     public private(set) var conflicts: ConflictLog
+    /// Why a local change since the last ``throwIfLocalChangeFailed()`` could not be made, if
+    /// one could not (see the type's documentation).
+    public private(set) var localChangeFailure: CounterExhaustedError?
 
     /// A new, empty replica.
     public init(
@@ -45,16 +55,46 @@ public struct ReplicaState: Sendable {
 
     // MARK: - Fields
 
+    /// Throws (and clears) ``localChangeFailure``: the error of a local change made since the
+    /// last call that could not be made.
+    public mutating func throwIfLocalChangeFailed() throws(CounterExhaustedError) {
+        guard let failure = localChangeFailure else { return }
+        localChangeFailure = nil
+        throw failure
+    }
+
     /// Writes `fields` of the record `key` as one event. Returns the delta.
+    ///
+    /// If the replica has no event counter left, nothing changes, the delta is empty and
+    /// ``localChangeFailure`` says why (the store then refuses the transaction).
     @discardableResult
     public mutating func write(_ fields: [String: FieldValue], to key: RecordKey) -> RecordMap {
-        records.write(fields, to: key, at: clock.tick(), by: replicaID)
+        do {
+            return try checkedWrite(fields, to: key)
+        } catch {
+            localChangeFailure = error
+            return RecordMap.empty()
+        }
+    }
+
+    /// ``write(_:to:)`` that throws ``CounterExhaustedError`` instead of recording it.
+    private mutating func checkedWrite(_ fields: [String: FieldValue], to key: RecordKey) throws(CounterExhaustedError) -> RecordMap {
+        guard records.context.canTakeDot(for: replicaID) else { throw CounterExhaustedError(replica: replicaID) }
+        return try records.write(fields, to: key, at: clock.tick(), by: replicaID)
     }
 
     /// Deletes the record `key`. Returns the delta, or nil if it is not visible.
+    ///
+    /// If the replica has no event counter left, nothing changes, the result is nil and
+    /// ``localChangeFailure`` says why (the store then refuses the transaction).
     @discardableResult
     public mutating func delete(_ key: RecordKey) -> RecordMap? {
-        records.remove(key, by: replicaID)
+        do {
+            return try records.remove(key, by: replicaID)
+        } catch {
+            localChangeFailure = error
+            return nil
+        }
     }
 
     /// Joins a delta received from a peer: advances the clock past its timestamps and logs
@@ -80,23 +120,39 @@ public struct ReplicaState: Sendable {
     /// Saves `record`: writes the fields whose values differ from the stored ones (all of them
     /// if the record does not exist), as one event. Fields this type does not know are left as
     /// they are. Returns the delta, or nil if nothing changed.
+    ///
+    /// - Throws: an encoding error, or ``CounterExhaustedError`` if the replica has no event
+    ///   counter left (nothing changes then).
     @discardableResult
     public mutating func save<R: SyncRecord>(_ record: R) throws -> RecordMap? {
         var fields = try FieldEncoder().encodeFields(record)
         fields["id"] = nil
-        return upsert(fields, to: record.recordKey)
+        guard let changed = changedFields(fields, of: record.recordKey) else { return nil }
+        return try checkedWrite(changed, to: record.recordKey)
     }
 
     /// Writes the given fields of `key` whose values differ from the stored ones (all of them if
     /// the record is not visible), as one event. Returns the delta, or nil if nothing changed.
+    ///
+    /// If the replica has no event counter left, nothing changes, the result is nil and
+    /// ``localChangeFailure`` says why (the store then refuses the transaction).
     @discardableResult
     public mutating func upsert(_ fields: [String: FieldValue], to key: RecordKey) -> RecordMap? {
-        var fields = fields
-        if let existing = records.record(key), existing.isVisible {
-            fields = fields.filter { existing.fields[$0.key]?.value != $0.value }
-            if fields.isEmpty { return nil }
+        guard let changed = changedFields(fields, of: key) else { return nil }
+        do {
+            return try checkedWrite(changed, to: key)
+        } catch {
+            localChangeFailure = error
+            return nil
         }
-        return write(fields, to: key)
+    }
+
+    /// The fields whose values differ from the stored ones (all of them if the record is not
+    /// visible); nil if none do.
+    private func changedFields(_ fields: [String: FieldValue], of key: RecordKey) -> [String: FieldValue]? {
+        guard let existing = records.record(key), existing.isVisible else { return fields }
+        let changed = fields.filter { existing.fields[$0.key]?.value != $0.value }
+        return changed.isEmpty ? nil : changed
     }
 
     /// Deletes the record of type `R` with `id`. Returns the delta, or nil if it does not exist.
@@ -154,7 +210,12 @@ public struct ReplicaState: Sendable {
             let newValue = value ?? .null
             let current = records.record(.syncedSettings)?.fields[key]?.value
             if current == newValue || (current == nil && newValue == .null) { return nil }
-            return write([key: newValue], to: .syncedSettings)
+            do {
+                return try checkedWrite([key: newValue], to: .syncedSettings)
+            } catch {
+                localChangeFailure = error
+                return nil
+            }
         }
     }
 

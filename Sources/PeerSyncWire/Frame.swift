@@ -97,4 +97,7 @@ public enum WireLimits {
     public static let chunkTargetBytes = 256 << 10
     /// Protocol version spoken by this build. Peers with another version are refused.
     public static let protocolVersion: UInt64 = 2
+    /// Most chunks one catch-up round may announce (a chunk's `count`): 2³², a round of at
+    /// least 4 GiB. A larger count is malformed, so a receiver can count chunks in any integer.
+    public static let maxChunksPerRound: UInt64 = 1 << 32
 }

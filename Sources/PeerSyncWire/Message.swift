@@ -218,7 +218,16 @@ public enum Message: Sendable, Equatable {
             let index = try f.varint(1, "index")
             let count = try f.varint(2, "count")
             guard index < count else { throw .malformed(message: "chunk", detail: "index \(index) of \(count)") }
-            return .chunk(index: index, count: count, records: try f.varint(3, "records"), delta: try f.bytes(4, "delta"))
+            guard count <= WireLimits.maxChunksPerRound else {
+                throw .malformed(message: "chunk", detail: "count \(count) exceeds \(WireLimits.maxChunksPerRound)")
+            }
+            let records = try f.varint(3, "records")
+            let delta = try f.bytes(4, "delta")
+            // Every record takes more than one byte of the delta.
+            guard records <= UInt64(delta.count) else {
+                throw .malformed(message: "chunk", detail: "\(records) records in a delta of \(delta.count) bytes")
+            }
+            return .chunk(index: index, count: count, records: records, delta: delta)
         case .ack:
             let context: CausalContext
             do { context = try CausalContext(blob: try f.bytes(1, "context")) } catch let error as WireError { throw error } catch {

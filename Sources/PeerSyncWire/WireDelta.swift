@@ -185,7 +185,12 @@ public enum WireDelta {
                         let time = previous.time &+ UInt64(bitPattern: try readZigzag(&r))
                         let writer = try dictionary.readReplica(from: &r)
                         let counter = previous.counter &+ UInt64(bitPattern: try readZigzag(&r))
-                        guard counter >= 1, time >> 16 < (1 << 48) else { throw .malformed(message: "delta", detail: "bad record base") }
+                        guard ValidationLimits.isValidCounter(counter) else {
+                            throw .malformed(message: "delta", detail: "record base counter \(counter) outside 1...\(ValidationLimits.maxCounter)")
+                        }
+                        guard time <= ValidationLimits.maxTimestamp.rawValue else {
+                            throw .malformed(message: "delta", detail: "record base timestamp after the year 9999")
+                        }
                         base = (HLCTimestamp(rawValue: time), Dot(replica: writer, counter: counter))
                         previous = (time, counter)
                     } else if flags & 2 != 0 {
@@ -200,7 +205,9 @@ public enum WireDelta {
                         var dot = base?.dot
                         if kind & 1 != 0 {
                             let raw = (base?.timestamp.rawValue ?? previous.time) &+ UInt64(bitPattern: try readZigzag(&r))
-                            guard raw >> 16 < (1 << 48) else { throw .malformed(message: "delta", detail: "timestamp out of range") }
+                            guard raw <= ValidationLimits.maxTimestamp.rawValue else {
+                                throw .malformed(message: "delta", detail: "field timestamp after the year 9999")
+                            }
                             timestamp = HLCTimestamp(rawValue: raw)
                         }
                         if kind & 2 != 0 {
@@ -291,8 +298,12 @@ public enum WireDelta {
         return Int(n)
     }
 
+    /// An event counter: 1 through ``ValidationLimits/maxCounter``.
     static func readCounter(_ r: inout ByteReader) throws(WireError) -> UInt64 {
-        guard let c = r.readVarint(), c >= 1 else { throw .malformed(message: "delta", detail: "bad counter") }
+        guard let c = r.readVarint() else { throw .malformed(message: "delta", detail: "truncated counter") }
+        guard ValidationLimits.isValidCounter(c) else {
+            throw .malformed(message: "delta", detail: "counter \(c) outside 1...\(ValidationLimits.maxCounter)")
+        }
         return c
     }
 

@@ -107,7 +107,9 @@ public final class WireDictionary {
         }
         let difference = Int64(bitPattern: (zigzag >> 1) ^ (0 &- (zigzag & 1)))
         let physical = lastPhysical &+ UInt64(bitPattern: difference)
-        guard physical < (1 << 48) else { throw .malformed(message: "delta", detail: "timestamp out of range") }
+        guard physical <= ValidationLimits.maxPhysicalMilliseconds else {
+            throw .malformed(message: "delta", detail: "timestamp after the year 9999")
+        }
         lastPhysical = physical
         return HLCTimestamp(physicalMilliseconds: physical, logical: UInt16(logical))
     }

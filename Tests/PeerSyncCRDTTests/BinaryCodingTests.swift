@@ -46,12 +46,12 @@ struct BinaryCodingTests {
     }
 
     @Test("a one-field update delta is small")
-    func deltaSize() {
+    func deltaSize() throws {
         var map = RecordMap()
         let key = RecordKey(collection: "shiftTypes", id: UUID())
         var clock = HybridLogicalClock()
-        map.write(["symbol": "E", "title": "Early", "duration": 28_800], to: key, at: clock.tick(), by: testReplica(0))
-        let delta = map.write(["duration": 30_000], to: key, at: clock.tick(), by: testReplica(0))
+        try map.write(["symbol": "E", "title": "Early", "duration": 28_800], to: key, at: clock.tick(), by: testReplica(0))
+        let delta = try map.write(["duration": 30_000], to: key, at: clock.tick(), by: testReplica(0))
         // Self-contained form (journal): 16-byte replica table, context, collection and field
         // names, 16-byte record UUID, the register and presence entry. The wire form interns
         // replica IDs and names per session and is smaller.

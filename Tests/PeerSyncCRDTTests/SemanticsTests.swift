@@ -21,8 +21,8 @@ struct SemanticsTests {
         }
 
         @discardableResult
-        mutating func write(_ fields: [String: FieldValue], _ key: RecordKey) -> RecordMap {
-            map.write(fields, to: key, at: clock.tick(), by: id)
+        mutating func write(_ fields: [String: FieldValue], _ key: RecordKey) throws -> RecordMap {
+            try map.write(fields, to: key, at: clock.tick(), by: id)
         }
 
         @discardableResult
@@ -34,12 +34,12 @@ struct SemanticsTests {
     }
 
     @Test("OR-set: concurrent add and remove → add wins")
-    func orSetAddWins() {
+    func orSetAddWins() throws {
         var left = ORSet<String>()
-        left.insert("x", by: a)
+        try left.insert("x", by: a)
         var right = left
         let removal = right.remove("x")!       // right removes what it has seen…
-        let addition = left.insert("x", by: a) // …while left adds again concurrently
+        let addition = try left.insert("x", by: a) // …while left adds again concurrently
         left.merge(removal)
         right.merge(addition)
         #expect(left.contains("x"))
@@ -47,9 +47,9 @@ struct SemanticsTests {
     }
 
     @Test("OR-set: a remove that saw the add wins over it")
-    func orSetObservedRemove() {
+    func orSetObservedRemove() throws {
         var left = ORSet<String>()
-        let add = left.insert("x", by: a)
+        let add = try left.insert("x", by: a)
         var right = ORSet<String>()
         right.merge(add)
         let removal = right.remove("x")!
@@ -59,12 +59,12 @@ struct SemanticsTests {
     }
 
     @Test("OR-set: 100k add/remove cycles leave metadata proportional to live elements")
-    func orSetMetadataStaysSmall() {
+    func orSetMetadataStaysSmall() throws {
         var set = ORSet<Int>()
         var other = ORSet<Int>()
         for cycle in 0..<100_000 {
             let element = cycle % 7
-            let add = set.insert(element, by: a)
+            let add = try set.insert(element, by: a)
             other.merge(add)
             if cycle % 3 != 0, let removal = other.remove(element) { set.merge(removal) }
         }
@@ -79,12 +79,12 @@ struct SemanticsTests {
     }
 
     @Test("edit concurrent with delete → the record is back with all its fields")
-    func editConcurrentWithDeleteRevives() {
+    func editConcurrentWithDeleteRevives() throws {
         var left = Replica(a)
         var right = Replica(b)
-        right.receive(left.write(["symbol": "E", "title": "Early", "duration": 28_800], key))
-        let deletion = right.map.remove(key, by: right.id)!
-        let edit = left.write(["title": "Early shift"], key)
+        right.receive(try left.write(["symbol": "E", "title": "Early", "duration": 28_800], key))
+        let deletion = try right.map.remove(key, by: right.id)!
+        let edit = try left.write(["title": "Early shift"], key)
         left.receive(deletion)
         right.receive(edit)
         for replica in [left, right] {
@@ -97,22 +97,22 @@ struct SemanticsTests {
     }
 
     @Test("a delete that saw every edit removes the record")
-    func observedDeleteRemoves() {
+    func observedDeleteRemoves() throws {
         var left = Replica(a)
         var right = Replica(b)
-        right.receive(left.write(["symbol": "E"], key))
-        left.receive(right.map.remove(key, by: right.id)!)
+        right.receive(try left.write(["symbol": "E"], key))
+        left.receive(try right.map.remove(key, by: right.id)!)
         #expect(left.map.record(key)?.isVisible == false)
         #expect(left.map == right.map)
     }
 
     @Test("concurrent edits of different fields → both kept, no conflict")
-    func differentFieldsBothKept() {
+    func differentFieldsBothKept() throws {
         var left = Replica(a)
         var right = Replica(b)
-        right.receive(left.write(["symbol": "E", "title": "Early"], key))
-        let l = left.write(["symbol": "F"], key)
-        let r = right.write(["title": "Frühdienst"], key)
+        right.receive(try left.write(["symbol": "E", "title": "Early"], key))
+        let l = try left.write(["symbol": "F"], key)
+        let r = try right.write(["title": "Frühdienst"], key)
         let lo = left.receive(r)
         let ro = right.receive(l)
         #expect(left.map.record(key)?.values == ["symbol": "F", "title": "Frühdienst"])
@@ -121,12 +121,12 @@ struct SemanticsTests {
     }
 
     @Test("concurrent edits of one field → larger HLC wins, the loser is reported on both sides")
-    func sameFieldLargerStampWins() {
+    func sameFieldLargerStampWins() throws {
         var left = Replica(a, wallClock: 2_000)
         var right = Replica(b, wallClock: 3_000)
-        right.receive(left.write(["title": "Early"], key))
-        let l = left.write(["title": "Left"], key)      // HLC 2000.1
-        let r = right.write(["title": "Right"], key)    // HLC 3000.0
+        right.receive(try left.write(["title": "Early"], key))
+        let l = try left.write(["title": "Left"], key)      // HLC 2000.1
+        let r = try right.write(["title": "Right"], key)    // HLC 3000.0
         let leftOutcome = left.receive(r)
         let rightOutcome = right.receive(l)
         let winner = r.record(key)!.fields["title"]!
@@ -139,11 +139,11 @@ struct SemanticsTests {
     }
 
     @Test("a causally later write wins even when its wall clock is behind, and is no conflict")
-    func causallyLaterWinsDespiteSlowClock() {
+    func causallyLaterWinsDespiteSlowClock() throws {
         var ahead = Replica(a, wallClock: 5_000_000)
         var behind = Replica(b, wallClock: 1_000)       // 83 minutes slow
-        behind.receive(ahead.write(["title": "Early"], key))
-        let later = behind.write(["title": "Early (changed)"], key)
+        behind.receive(try ahead.write(["title": "Early"], key))
+        let later = try behind.write(["title": "Early (changed)"], key)
         let outcome = ahead.receive(later)
         #expect(ahead.map.record(key)?.values["title"] == "Early (changed)")
         #expect(later.record(key)!.fields["title"]!.timestamp.physicalMilliseconds == 5_000_000)
@@ -151,28 +151,28 @@ struct SemanticsTests {
     }
 
     @Test("a record map delta is small: one field, one presence entry, one dot")
-    func deltaIsSmall() {
+    func deltaIsSmall() throws {
         var left = Replica(a)
-        left.write(["symbol": "E", "title": "Early", "duration": 1], key)
-        let delta = left.write(["title": "Late"], key)
+        try left.write(["symbol": "E", "title": "Early", "duration": 1], key)
+        let delta = try left.write(["title": "Late"], key)
         #expect(delta.fieldCount == 1)
         #expect(delta.record(key)?.presence.count == 1)
         #expect(delta.context.versionVector.isEmpty && delta.context.cloudDotCount == 1)
     }
 
     @Test("extraction for an empty context is the full state")
-    func extractionForNewPeerIsFullState() {
+    func extractionForNewPeerIsFullState() throws {
         var left = Replica(a)
-        left.write(["symbol": "E"], key)
-        left.write(["title": "x"], RecordKey(collection: "locations", id: UUID()))
-        _ = left.map.remove(key, by: a)
+        try left.write(["symbol": "E"], key)
+        try left.write(["title": "x"], RecordKey(collection: "locations", id: UUID()))
+        _ = try left.map.remove(key, by: a)
         #expect(left.map.delta(missingFrom: CausalContext()) == left.map)
     }
 
     @Test("extraction for an up-to-date peer carries no records")
-    func extractionForEqualPeerIsEmpty() {
+    func extractionForEqualPeerIsEmpty() throws {
         var left = Replica(a)
-        left.write(["symbol": "E"], key)
+        try left.write(["symbol": "E"], key)
         #expect(left.map.delta(missingFrom: left.map.context).recordCount == 0)
     }
 }

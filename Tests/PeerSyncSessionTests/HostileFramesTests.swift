@@ -39,7 +39,7 @@ struct HostileFramesTests {
                                         context: CausalContext(), digest: .empty)).encodedFrame()
         let dictionary = WireDictionary(startingAt: now)
         var map = RecordMap()
-        let validDelta = map.write(["name": "evil"], to: RecordKey(collection: "locations", id: UUID()),
+        let validDelta = try! map.write(["name": "evil"], to: RecordKey(collection: "locations", id: UUID()),
                                    at: HLCTimestamp(physicalMilliseconds: now, logical: 0), by: me)
         let deltaFrame = Message.delta(WireDelta.encode(validDelta, with: dictionary)).encodedFrame()
         var chunks: [[UInt8]] = []

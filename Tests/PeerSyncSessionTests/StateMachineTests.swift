@@ -70,7 +70,7 @@ struct StateMachineTests {
         _ = receive(hello())
         var map = RecordMap()
         let sender = WireDictionary(startingAt: now)
-        _ = map.write(["x": 1], to: RecordKey(collection: "c", id: UUID()),
+        _ = try! map.write(["x": 1], to: RecordKey(collection: "c", id: UUID()),
                       at: HLCTimestamp(physicalMilliseconds: now + 86_400_000, logical: 0), by: testReplica(1))
         #expect(closeReason(receive(.delta(WireDelta.encode(map, with: sender)))) == .malformed)
     }

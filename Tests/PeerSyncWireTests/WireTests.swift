@@ -10,7 +10,7 @@ struct WireTests {
         return [
             .hello(Hello(replicaID: testReplica(1), name: "laptop", wallClockMilliseconds: 1_700_000_000_000,
                          context: context, digest: StateDigest(high: rng.next(), low: rng.next()))),
-            .chunk(index: 0, count: 2, records: 7, delta: [0, 1, 2]),
+            .chunk(index: 0, count: 2, records: 3, delta: [0, 1, 2]),
             .delta([1, 2, 3, 4]),
             .ack(context, neighbors: nil),
             .ack(context, neighbors: [testReplica(4), testReplica(5)]),
@@ -88,7 +88,7 @@ struct WireTests {
         let sender = WireDictionary(startingAt: 1_700_000_000_000)
         let keys = (0..<100).map { _ in RecordKey(collection: "shiftTypes", id: UUID()) }
         for key in keys {
-            let delta = map.write(["symbol": "E", "title": "Early shift", "duration": 28_800, "description": "6 to 14"],
+            let delta = try map.write(["symbol": "E", "title": "Early shift", "duration": 28_800, "description": "6 to 14"],
                                   to: key, at: clock.tick(), by: testReplica(0))
             _ = WireDelta.encode(delta, with: sender)
         }
@@ -96,7 +96,7 @@ struct WireTests {
         clock = later
         var sizes: [Int] = []
         for key in keys {
-            let delta = map.write(["duration": 30_600], to: key, at: clock.tick(), by: testReplica(0))
+            let delta = try map.write(["duration": 30_600], to: key, at: clock.tick(), by: testReplica(0))
             sizes.append(Message.delta(WireDelta.encode(delta, with: sender)).encodedFrame().count)
         }
         #expect(sizes.max()! <= 40, "sizes \(Set(sizes))")
