@@ -68,6 +68,7 @@ let package = Package(
         .target(
             name: "PeerSync",
             dependencies: ["PeerSyncCRDT", "PeerSyncModel", "PeerSyncStore", "PeerSyncWire", "PeerSyncSession", "PeerSyncDiscovery",
+                           "PeerSyncIdentity",
                            .product(name: "Logging", package: "swift-log")]
         ),
         .executableTarget(

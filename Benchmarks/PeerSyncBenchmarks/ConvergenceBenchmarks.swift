@@ -24,7 +24,7 @@ enum ConvergenceBenchmarks {
             let records = quick ? 200 : 10_000
             var metrics: [String: Double] = [:]
             for transfer in transfers {
-                let secret = GroupSecret.generate()
+                let secret = BenchGroup()
                 let a = try await PeerUnderTest.start("a", secret: secret, transfer: transfer)
                 let b = try await PeerUnderTest.start("b", secret: secret, transfer: transfer)
                 try fill(a.store, records: records, seed: 11)
@@ -57,7 +57,7 @@ enum ConvergenceBenchmarks {
             for transfer in transfers {
                 // Full-state sync ships all `records` per update: a few updates show its cost.
                 let updates = transfer == .deltas ? (quick ? 200 : 10_000) : (quick ? 10 : 50)
-                let secret = GroupSecret.generate()
+                let secret = BenchGroup()
                 let a = try await PeerUnderTest.start("a", secret: secret, transfer: transfer)
                 let b = try await PeerUnderTest.start("b", secret: secret, transfer: transfer)
                 try fill(a.store, records: records, seed: 21)
@@ -147,7 +147,7 @@ enum ConvergenceBenchmarks {
             let (updates, deletes, inserts) = quick ? (40, 4, 4) : (2_000, 200, 200)
             var metrics: [String: Double] = [:]
             for transfer in transfers {
-                let secret = GroupSecret.generate()
+                let secret = BenchGroup()
                 var peers: [PeerUnderTest] = []
                 for name in ["a", "b", "c"] { peers.append(try await PeerUnderTest.start(name, secret: secret, transfer: transfer)) }
                 try fill(peers[0].store, records: records, seed: 31)
@@ -252,7 +252,7 @@ enum ConvergenceBenchmarks {
                 // Full state to every peer on every edit grows as peers² × edits: stop at 8 peers.
                 let sizes = quick ? [2, 4] : (transfer == .deltas ? [2, 4, 8, 16, 32] : [2, 4, 8])
                 for n in sizes {
-                    let secret = GroupSecret.generate()
+                    let secret = BenchGroup()
                     var peers: [PeerUnderTest] = []
                     for i in 0..<n { peers.append(try await PeerUnderTest.start("p\(i)", secret: secret, transfer: transfer)) }
                     try fill(peers[0].store, records: records, seed: 51)

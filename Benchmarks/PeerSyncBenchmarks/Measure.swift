@@ -71,23 +71,25 @@ struct PeerUnderTest: Sendable {
     let store: ReplicaStore
     let node: SyncNode
     let port: UInt16
+    let identity: LocalIdentity
 
-    static func start(_ name: String, secret: GroupSecret, transfer: TransferMode,
-                      store existing: (directory: String, store: ReplicaStore)? = nil) async throws -> PeerUnderTest {
+    static func start(_ name: String, secret group: BenchGroup, transfer: TransferMode,
+                      store existing: (directory: String, store: ReplicaStore, identity: LocalIdentity)? = nil) async throws -> PeerUnderTest {
         let directory = existing?.directory ?? temporaryStoreDirectory()
         let store = try existing?.store ?? ReplicaStore.create(directory: directory, name: name)
+        let identity = try existing?.identity ?? group.admit(store)
         var logger = Logger(label: "bench.\(name)")
         logger.logLevel = .error
-        let node = try SyncNode(storage: StoreSyncStorage(store), replicaID: store.replicaID, name: name,
-                                configuration: SyncConfiguration(security: .groupSecret(secret), listen: .loopback(0), transfer: transfer),
+        let node = try SyncNode(storage: StoreSyncStorage(store), replicaID: store.replicaID, name: name, identity: identity,
+                                configuration: SyncConfiguration(security: .tls, listen: .loopback(0), transfer: transfer),
                                 logger: logger)
         let port = try await node.start()
-        return PeerUnderTest(directory: directory, store: store, node: node, port: port)
+        return PeerUnderTest(directory: directory, store: store, node: node, port: port, identity: identity)
     }
 
     /// A new node on the same store (after `stop(keepStore: true)`).
-    func restarted(secret: GroupSecret) async throws -> PeerUnderTest {
-        try await .start(store.state.name, secret: secret, transfer: node.configuration.transfer, store: (directory, store))
+    func restarted(secret group: BenchGroup) async throws -> PeerUnderTest {
+        try await .start(store.state.name, secret: group, transfer: node.configuration.transfer, store: (directory, store, identity))
     }
 
     func stop(keepStore: Bool = false) async {
@@ -151,4 +153,24 @@ final class VisibilityTracker: Sendable {
 
     var pendingKeys: [RecordKey] { state.withLock { Array($0.committed.keys) } }
     var samples: [Double] { state.withLock { $0.samples.sorted() } }
+}
+
+/// Devices of one group for a benchmark run; each store admitted takes the next device.
+final class BenchGroup: Sendable {
+    let devices: LocalGroup
+    private let next = Mutex(0)
+
+    init(size: Int = 70) {
+        devices = try! LocalGroup.make(names: (0..<size).map { "device\($0)" })
+    }
+
+    /// Installs the group's roster in `store` as the next device; returns its identity.
+    func admit(_ store: ReplicaStore) throws -> LocalIdentity {
+        let member = next.withLock { n in
+            defer { n += 1 }
+            return n
+        }
+        try devices.install(into: store, member: member)
+        return devices.identity(member)
+    }
 }

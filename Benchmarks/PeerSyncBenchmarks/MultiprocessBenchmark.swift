@@ -65,8 +65,8 @@ enum MultiprocessBenchmark {
                 defer { try? FileManager.default.removeItem(atPath: root) }
                 let directories = (0..<n).map { "\(root)/p\($0)" }
                 try peersync(["init", "--store", directories[0], "--name", "p0"])
-                let code = try peersync(["invite", "--store", directories[0]]).trimmingCharacters(in: .whitespacesAndNewlines)
                 for (i, directory) in directories.enumerated().dropFirst() {
+                    let code = try peersync(["invite", "--store", directories[0]]).trimmingCharacters(in: .whitespacesAndNewlines)
                     try peersync(["init", "--store", directory, "--name", "p\(i)", "--join", code])
                 }
                 var nodes: [Process] = []

@@ -9,13 +9,13 @@ struct BenchNode {
     let node: SyncNode
     var port: UInt16 = 0
 
-    init(_ name: String, secret: GroupSecret) throws {
+    init(_ name: String, secret: BenchGroup) throws {
         directory = temporaryStoreDirectory()
         store = try ReplicaStore.create(directory: directory, name: name)
         var logger = Logger(label: "bench.\(name)")
         logger.logLevel = .error
-        node = try SyncNode(storage: StoreSyncStorage(store), replicaID: store.replicaID, name: name,
-                            configuration: SyncConfiguration(security: .groupSecret(secret), listen: .loopback(0)), logger: logger)
+        node = try SyncNode(storage: StoreSyncStorage(store), replicaID: store.replicaID, name: name, identity: try secret.admit(store),
+                            configuration: SyncConfiguration(security: .tls, listen: .loopback(0)), logger: logger)
     }
 
     mutating func start() async throws { port = try await node.start() }
@@ -55,7 +55,7 @@ enum SyncBenchmarks {
     /// Edit on A → committed on B and reported; one edit at a time, so every delta travels alone.
     static let latency = Benchmark(name: "sync-latency") { quick in
         let edits = quick ? 30 : 2_000
-        let secret = GroupSecret.generate()
+        let secret = BenchGroup()
         var a = try BenchNode("a", secret: secret)
         var b = try BenchNode("b", secret: secret)
         try fill(a.store, records: 1_000, seed: 1)
@@ -96,7 +96,7 @@ enum SyncBenchmarks {
     static let initialSync = Benchmark(name: "sync-initial") { quick in
         var metrics: [String: Double] = [:]
         for records in quick ? [500] : [10_000, 100_000] {
-            let secret = GroupSecret.generate()
+            let secret = BenchGroup()
             var a = try BenchNode("a", secret: secret)
             var b = try BenchNode("b", secret: secret)
             try fill(a.store, records: records, seed: 2)

@@ -8,11 +8,10 @@ import PeerSync
 
 let root = FileManager.default.temporaryDirectory.appendingPathComponent("app-streams-\(UUID().uuidString)").path
 defer { try? FileManager.default.removeItem(atPath: root) }
-let secret = GroupSecret.generate()
 var logger = Logger(label: "example")
 logger.logLevel = .warning  // apps choose their logging; the library only logs through what it is given
-let app = try Replica.open(at: root + "/app", name: "app", logger: logger)
-let other = try Replica.open(at: root + "/other", name: "other device", logger: logger)
+let app = try Replica.create(at: root + "/app", name: "app", logger: logger)
+let other = try Replica.join(at: root + "/other", name: "other device", invite: try await app.invite(), logger: logger)
 
 let statusLog = Task {
     var seen: [String] = []
@@ -42,8 +41,8 @@ let changeLog = Task {
 
 try await app.save(Location(name: "Made offline, before sync was on"))
 let loopback = PeerAddress(host: "127.0.0.1", port: 0)
-let port = try await app.startSync(SyncConfiguration(security: .groupSecret(secret), listen: loopback))
-try await other.startSync(SyncConfiguration(security: .groupSecret(secret), listen: loopback,
+let port = try await app.startSync(SyncConfiguration(security: .tls, listen: loopback))
+try await other.startSync(SyncConfiguration(security: .tls, listen: loopback,
                                             peers: [PeerAddress(host: "127.0.0.1", port: port)]))
 try await other.save(ShiftType(symbol: "L", title: "Late", duration: 8 * 3600))
 try await other.save(Location(name: "Depot"))

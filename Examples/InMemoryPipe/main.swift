@@ -23,8 +23,9 @@ defer { try? FileManager.default.removeItem(atPath: root) }
 
 var logger = Logger(label: "example")
 logger.logLevel = .warning
-let phone = try Replica.open(at: root + "/phone", name: "phone", logger: logger)
-let watch = try Replica.open(at: root + "/watch", name: "watch", logger: logger)
+// The phone's group; the watch joins it with an invite, over the pipe itself.
+let phone = try Replica.create(at: root + "/phone", name: "phone", logger: logger)
+let watch = try Replica.join(at: root + "/watch", name: "watch", invite: try await phone.invite(), logger: logger)
 try await phone.save(Location(name: "Ward 3", address: "Main St 1"))
 try await watch.save(ShiftType(symbol: "N", title: "Night", duration: 10 * 3600))
 

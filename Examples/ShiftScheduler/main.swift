@@ -22,15 +22,18 @@ struct ExampleError: Error, CustomStringConvertible {
 let root = FileManager.default.temporaryDirectory.appendingPathComponent("shift-scheduler-\(UUID().uuidString)").path
 defer { try? FileManager.default.removeItem(atPath: root) }
 
-let secret = GroupSecret.generate()
 var logger = Logger(label: "example")
 logger.logLevel = .warning
-let office = try Replica.open(at: root + "/office", name: "office", logger: logger)
-let tablet = try Replica.open(at: root + "/tablet", name: "ward tablet", logger: logger)
+// The office starts a group (it is its first admin) and invites the ward's tablet: one code,
+// good for one device, for a day.
+let office = try Replica.create(at: root + "/office", name: "office", logger: logger)
+let code = try await office.invite(role: .member, expires: .seconds(24 * 3600))
+let tablet = try Replica.join(at: root + "/tablet", name: "ward tablet", invite: code, logger: logger)
 let loopback = PeerAddress(host: "127.0.0.1", port: 0)
-let officePort = try await office.startSync(SyncConfiguration(security: .groupSecret(secret), listen: loopback))
-try await tablet.startSync(SyncConfiguration(security: .groupSecret(secret), listen: loopback,
-                                             peers: [PeerAddress(host: "127.0.0.1", port: officePort)]))
+let officePort = try await office.startSync(SyncConfiguration(security: .tls, listen: loopback))
+try await tablet.startSync(SyncConfiguration(security: .tls, listen: loopback, peers: [PeerAddress(host: "127.0.0.1", port: officePort)]))
+try await waitFor("the tablet to join") { office.roster().isActive(tablet.deviceID) }
+print("devices:", office.roster().activeDevices.map { "\($0.name) (\($0.role))" }.sorted())
 
 // The office sets up locations and shift types.
 let ward3 = Location(name: "Ward 3", address: "Main St 1")

@@ -5,6 +5,7 @@
 @_exported import PeerSyncModel
 @_exported import PeerSyncStore
 @_exported import PeerSyncSession
+@_exported import PeerSyncIdentity
 
 /// The PeerSync toolkit: replicate app data between devices on a LAN, with no server.
 public enum PeerSync {

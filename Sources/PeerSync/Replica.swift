@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import PeerSyncCRDT
 import PeerSyncDiscovery
+import PeerSyncIdentity
 import PeerSyncModel
 import PeerSyncSession
 import PeerSyncStore
@@ -45,22 +46,19 @@ public enum SyncIssue: Sendable, Equatable, CustomStringConvertible {
     case session(address: String, reason: SessionEndReason)
     /// The local store cannot be read.
     case storage(String)
+    /// This device was removed from the group by an admin: it can no longer sync.
+    case removedFromGroup
 
     public var description: String {
         switch self {
         case .session(let address, let reason): "\(address): \(reason)"
         case .storage(let detail): "storage: \(detail)"
+        case .removedFromGroup: "this device was removed from the group"
         }
     }
 }
 
 extension SyncConfiguration {
-    /// The opaque DNS-SD tag of this configuration's group.
-    var groupTag: String {
-        if case .groupSecret(let secret) = security { return secret.groupTag }
-        return "insecure"
-    }
-
     /// Whether this configuration uses TCP at all (listening, dialing or discovery).
     var usesTCP: Bool { listen != nil || !peers.isEmpty || discovery }
 }
@@ -78,6 +76,14 @@ public actor Replica {
     public nonisolated let store: ReplicaStore
     public nonisolated let directory: String
     nonisolated let logger: Logger
+    /// This device's key (in `device-key.pem`, mode 0600; it never leaves the device).
+    public nonisolated let deviceKey: DeviceKey
+    /// The sync group this replica belongs to.
+    public nonisolated let groupID: GroupID
+    /// An upgraded group's old shared secret, if this store had one.
+    public nonisolated let legacySecret: GroupSecret?
+    /// While this device has not yet joined: the inviter and the entry it presents.
+    public private(set) var pendingJoin: PendingJoin?
     private var replicator: Replicator?
     private var node: SyncNode?
     private var discovery: PeerDiscovery?
@@ -90,21 +96,34 @@ public actor Replica {
     private nonisolated let changeSubscribers = Broadcaster<ReplicaChange>()
     private nonisolated let statusSubscribers = Broadcaster<SyncStatus>()
 
-    /// Opens the replica at `directory`, creating it (named `name`, default the host name) if
-    /// there is none. Fast, never touches the network.
+    /// Opens the replica at `directory`, creating it (named `name`, default the host name) with a
+    /// new group of which this device is the first admin if there is none. Fast, never touches
+    /// the network.
     public static func open(at directory: String, name: String? = nil, logger: Logger = Logger(label: "peersync")) throws -> Replica {
-        let exists = FileManager.default.fileExists(atPath: ReplicaStore.path(in: directory))
-        let store = exists ? try ReplicaStore.open(directory: directory)
-            : try ReplicaStore.create(directory: directory, name: name ?? ProcessInfo.processInfo.hostName)
-        return Replica(store: store, directory: directory, logger: logger)
+        guard FileManager.default.fileExists(atPath: ReplicaStore.path(in: directory)) else {
+            return try create(at: directory, name: name ?? ProcessInfo.processInfo.hostName, logger: logger)
+        }
+        return try Replica(store: ReplicaStore.open(directory: directory), directory: directory, logger: logger)
     }
 
-    /// A replica over an open store.
-    public init(store: ReplicaStore, directory: String, logger: Logger) {
+    /// A replica over an open store in `directory` (where its device key lives). A store made by
+    /// the previous version is upgraded here: it gets a device key and a group.
+    public init(store: ReplicaStore, directory: String, logger: Logger) throws {
         self.store = store
         self.directory = directory
         self.logger = logger
+        let setup = try Self.setUp(store, directory: directory)
+        deviceKey = setup.key
+        groupID = setup.groupID
+        legacySecret = setup.legacySecret
+        pendingJoin = setup.pendingJoin
     }
+
+    /// This device's ID (a fingerprint of its public key).
+    public nonisolated var deviceID: DeviceID { deviceKey.deviceID }
+
+    /// The identity sessions use.
+    var identity: LocalIdentity { LocalIdentity(key: deviceKey, groupID: groupID, pendingJoin: pendingJoin) }
 
     public nonisolated var replicaID: ReplicaID { store.replicaID }
     /// The current state (a snapshot; cheap).
@@ -198,7 +217,7 @@ public actor Replica {
                                                                            "replica.previous": "\(change.previous.shortDescription)"])
         }
         let replicator = Replicator(storage: StoreSyncStorage(store), replicaID: store.replicaID, name: store.state.name,
-                                    configuration: configuration, logger: logger)
+                                    identity: identity, configuration: configuration, logger: logger)
         self.replicator = replicator
         setStatus(.connecting)
         tasks.append(Task { await self.follow(replicator.events()) })
@@ -212,9 +231,9 @@ public actor Replica {
             self.discovery = discovery
             let advertisement = PeerAdvertisement(
                 serviceName: "\(store.state.name) \(replicaID.shortDescription)", port: port, replicaID: replicaID,
-                groupTag: configuration.groupTag, protocolVersion: Int(WireLimits.protocolVersion))
+                groupTag: groupID.discoveryTag, protocolVersion: Int(WireLimits.protocolVersion))
             let events = discovery.start(advertising: advertisement)
-            tasks.append(Task { await self.follow(events, groupTag: configuration.groupTag) })
+            tasks.append(Task { await self.follow(events, groupTag: self.groupID.discoveryTag) })
         }
         return port
     }
@@ -308,39 +327,67 @@ public actor Replica {
 
     // MARK: - Bundles
 
-    /// A sync bundle: what a device with context `peerContext` lacks (everything for nil), sealed
-    /// for the group of `secret`. Carry it on a USB stick or by mail; ``applyBundle(_:secret:)``
-    /// on the other device.
-    public nonisolated func makeBundle(for peerContext: CausalContext?, secret: GroupSecret) -> [UInt8] {
+    /// A sync bundle: what a device with context `peerContext` lacks (everything for nil),
+    /// encrypted for `recipients` (the context's device, or every active device of the roster
+    /// for nil) and signed by this device. Carry it on a USB stick or by mail;
+    /// ``applyBundle(_:)`` on the other device.
+    ///
+    /// - Throws: ``BundleError/notJoined`` for everyone (nil) before this device's join completed:
+    ///   it knows no member's key yet.
+    public nonisolated func makeBundle(for peer: (device: DevicePublicKey, context: CausalContext)?) throws(BundleError) -> [UInt8] {
         let state = store.state
-        let delta = peerContext.map { state.delta(missingFrom: $0) } ?? state.records
-        let header = SyncBundle.Header(groupTag: secret.groupTag, sender: replicaID, senderName: state.name,
-                                       createdAt: HybridLogicalClock.wallClock(), records: UInt64(delta.recordCount))
-        return SyncBundle.seal(delta, header: header, secret: secret)
+        let delta = peer.map { state.delta(missingFrom: $0.context) } ?? state.records
+        let members = roster().activeDevices.map(\.publicKey)
+        if peer == nil, !members.contains(deviceKey.publicKey) { throw .notJoined }
+        let recipients = peer.map { [$0.device] } ?? members
+        let header = SyncBundle.Header(groupID: groupID, sender: deviceKey.publicKey, senderReplica: replicaID,
+                                       senderName: state.name, createdAt: HybridLogicalClock.wallClock(),
+                                       records: UInt64(delta.recordCount))
+        return SyncBundle.seal(delta, header: header, senderKey: deviceKey, recipients: recipients)
     }
 
-    /// This replica's context as a file, for `makeBundle(for:)` on another device.
-    public nonisolated func bundleContext(secret: GroupSecret) -> [UInt8] {
-        SyncBundle.sealContext(store.state.context, replica: replicaID, secret: secret)
+    /// This replica's context as a file signed by this device, for ``makeBundle(for:)`` elsewhere.
+    public nonisolated func bundleContext() -> [UInt8] {
+        SyncBundle.sealContext(store.state.context, replica: replicaID, groupID: groupID, key: deviceKey)
     }
 
-    /// Applies a sync bundle of this group in one transaction, with the checks a peer's delta
-    /// passes, and ships what it changed to connected peers. Applying it twice changes nothing.
+    /// Reads a context file made by a device of this group.
+    public nonisolated func readBundleContext(_ bytes: [UInt8]) throws(BundleError) -> (device: DevicePublicKey, context: CausalContext) {
+        try SyncBundle.openContext(bytes, groupID: groupID)
+    }
+
+    /// Applies a sync bundle made for this device by an active member, in one transaction, with
+    /// the checks a peer's delta passes, and ships what it changed to connected peers. Applying
+    /// it twice changes nothing.
     ///
     /// - Throws: ``BundleError`` (nothing is applied), or a storage error.
     @discardableResult
-    public func applyBundle(_ bytes: [UInt8], secret: GroupSecret, maxClockSkew: Duration = .seconds(300))
+    public func applyBundle(_ bytes: [UInt8], maxClockSkew: Duration = .seconds(300))
         async throws -> (header: SyncBundle.Header, outcome: MergeOutcome)
     {
-        let (header, delta) = try SyncBundle.open(bytes, secret: secret)
+        let roster = self.roster()
+        let (header, delta) = try SyncBundle.open(bytes, groupID: groupID, me: deviceKey)
         if let refusal = DeltaAdmission.refusal(of: delta, now: HybridLogicalClock.wallClock(),
                                                 maxSkewMilliseconds: UInt64(max(0, maxClockSkew.wholeMilliseconds))) {
             throw BundleError.refused(refusal)
         }
-        let outcome = try store.applyRemote(delta, from: "bundle:\(header.sender.shortDescription)")
+        let validation = roster.validate(delta: delta)
+        if let refusal = validation.refused.first { throw BundleError.refused("roster entry: \(refusal)") }
+        // The sender must be a member — counting the roster entries it brings (a joiner's bundle
+        // carries its enrol) — or, while this device joins, its inviter.
+        let sender = header.sender.deviceID
+        guard validation.roster.isActive(sender) || sender == pendingJoin?.inviter else {
+            throw BundleError.unknownSender(sender.shortForm)
+        }
+        let admitted = delta.strippingRefused(by: validation.roster)?.delta ?? delta
+        let outcome = try store.applyRemote(admitted, from: "bundle:\(header.sender.deviceID.shortForm)")
         if !outcome.isEmpty {
-            await replicator?.broadcast(delta)
-            publish(ReplicaChange(origin: .peer(name: header.senderName, replicaID: header.sender), records: outcome.changedRecords))
+            await replicator?.broadcast(admitted)
+            publish(ReplicaChange(origin: .peer(name: header.senderName, replicaID: header.senderReplica), records: outcome.changedRecords))
+        }
+        if pendingJoin != nil, self.roster().isActive(deviceID) {
+            pendingJoin = nil  // joined through the bundle: the inviter's roster admits this device
+            try store.setMembership(GroupMembership(groupID: groupID.bytes))
         }
         return (header, outcome)
     }
@@ -371,6 +418,7 @@ public actor Replica {
                 let reason = "peer \(info.name) knows \(known) writes by this replica, the store has \(held): it was restored from an older copy"
                 do {
                     let change = try store.beginNewIncarnation(reason: reason)
+                    try Self.claimReplicaID(store, key: deviceKey, groupID: groupID)
                     logger.warning("this store was restored from an older copy; continuing as a new replica",
                                    metadata: ["replica.id": "\(change.current.shortDescription)", "replica.previous": "\(replica.shortDescription)"])
                 } catch {
@@ -380,6 +428,17 @@ public actor Replica {
                 }
                 // Sessions announce the replica ID: start them again under the new one.
                 Task { try? await self.startSync(configuration) }
+            case .joined:
+                pendingJoin = nil
+                do {
+                    try store.setMembership(GroupMembership(groupID: groupID.bytes))
+                } catch {
+                    logger.error("cannot record the completed join", metadata: ["error": "\(error)"])
+                }
+            case .rosterChanged(_, let removedSelf):
+                if removedSelf { setStatus(.error(.removedFromGroup)) }
+            case .localChange(let delta):
+                publish(ReplicaChange(origin: .local, records: Set(delta.allRecords.map(\.0))))
             case .remoteChange(let outcome, let info):
                 publish(ReplicaChange(origin: .peer(name: info.name, replicaID: info.replicaID), records: outcome.changedRecords))
                 if case .inSync = status { setStatus(.syncing(progress: nil)) }

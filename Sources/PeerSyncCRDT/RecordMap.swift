@@ -184,10 +184,10 @@ public struct RecordMap: Sendable {
                         current.fields[name] = theirs
                         outcome.changedFieldCount += 1
                         recordChanged = true
-                        if theirs.supersedes < ours.timestamp {
+                        if theirs.supersedes < ours.timestamp, theirs.value != ours.value {
                             outcome.conflicts.append(FieldConflict(key: key, field: name, winner: theirs, loser: ours))
                         }
-                    } else if !seenBefore.contains(theirs.dot), ours.supersedes < theirs.timestamp {
+                    } else if !seenBefore.contains(theirs.dot), ours.supersedes < theirs.timestamp, theirs.value != ours.value {
                         outcome.conflicts.append(FieldConflict(key: key, field: name, winner: ours, loser: theirs))
                     }
                 } else {

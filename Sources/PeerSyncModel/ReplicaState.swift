@@ -53,6 +53,10 @@ public struct ReplicaState: Sendable {
     public var context: CausalContext { records.context }
     public var digest: StateDigest { records.digest }
 
+    /// A fresh timestamp from this replica's clock (e.g. for a signed roster entry written next),
+    /// later than every timestamp it has issued or observed.
+    public mutating func nextTimestamp() -> HLCTimestamp { clock.tick() }
+
     // MARK: - Fields
 
     /// Throws (and clears) ``localChangeFailure``: the error of a local change made since the

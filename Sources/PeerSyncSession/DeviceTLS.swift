@@ -259,6 +259,15 @@ final class PeerAdmissionHandler: ChannelInboundHandler, RemovableChannelHandler
         context.fireErrorCaught(error)
     }
 
+    /// A channel torn down without ever becoming active (or inactive) must still settle the
+    /// promise, or NIO reports it leaked.
+    func handlerRemoved(context: ChannelHandlerContext) {
+        if !settled {
+            settled = true
+            peer.fail(DeviceTLSError.closedBeforeHandshake)
+        }
+    }
+
     func channelInactive(context: ChannelHandlerContext) {
         if !settled {
             settled = true

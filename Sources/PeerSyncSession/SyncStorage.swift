@@ -112,12 +112,15 @@ public struct PeerInfo: Sendable, Hashable {
     public let address: String
     /// Whether this node opened the session.
     public let dialed: Bool
+    /// The peer's device (authenticated), once known.
+    public let deviceID: DeviceID?
 
-    public init(replicaID: ReplicaID, name: String, address: String, dialed: Bool) {
+    public init(replicaID: ReplicaID, name: String, address: String, dialed: Bool, deviceID: DeviceID? = nil) {
         self.replicaID = replicaID
         self.name = name
         self.address = address
         self.dialed = dialed
+        self.deviceID = deviceID
     }
 }
 

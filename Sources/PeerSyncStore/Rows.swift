@@ -20,6 +20,9 @@ struct ReplicaRow: Codable, FetchableRecord, PersistableRecord {
     var context: Data
     /// Machine and file identity the store was last opened under (nil before it was recorded).
     var binding: String?
+    var groupID: Data?
+    var joinInviter: Data?
+    var joinEntry: Data?
 }
 
 /// One record: its CRDT state as a blob, and whether it is visible (for counting in SQL).

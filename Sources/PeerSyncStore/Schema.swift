@@ -60,6 +60,15 @@ enum Schema {
                 t.column("reason", .text).notNull()
             }
         }
+        migrator.registerMigration("2026-11-23 v3: group membership") { db in
+            // The sync group this replica belongs to (16 bytes), and while it is joining: the
+            // inviter's device ID and the signed entry it presents.
+            try db.alter(table: ReplicaRow.databaseTableName) { t in
+                t.add(column: "groupID", .blob)
+                t.add(column: "joinInviter", .blob)
+                t.add(column: "joinEntry", .blob)
+            }
+        }
         return migrator
     }()
 }

@@ -25,26 +25,26 @@ struct BundleCommand: AsyncParsableCommand {
 
         func validate() throws {
             guard (contextFile == nil) != !all else {
-                throw ValidationError("give either --for CONTEXT-FILE or --all")
+                throw ArgumentParser.ValidationError("give either --for CONTEXT-FILE or --all")
             }
         }
 
         func run() async throws {
-            let store = try options.openStore()
-            let secret = try options.readSecret()
-            let replica = Replica(store: store, directory: options.directory, logger: .init(label: "peersync"))
-            var context: CausalContext?
+            let replica = try options.openReplica()
+            var peer: (device: DevicePublicKey, context: CausalContext)?
             if let contextFile {
                 let bytes = try readFile(contextFile)
                 do {
-                    context = try SyncBundle.openContext(bytes, secret: secret).1
+                    peer = try replica.readBundleContext(bytes)
                 } catch {
                     throw CLIError("\(contextFile): \(error)")
                 }
             }
-            let bundle = replica.makeBundle(for: context, secret: secret)
+            let bundle: [UInt8]
+            do { bundle = try replica.makeBundle(for: peer) } catch { throw CLIError("\(error)") }
             try writeFile(output, bundle)
-            let records = context.map { store.state.delta(missingFrom: $0).recordCount } ?? store.state.records.recordCount
+            let state = replica.state
+            let records = peer.map { state.delta(missingFrom: $0.context).recordCount } ?? state.records.recordCount
             print("wrote \(output): \(records) records, \(bundle.count) bytes")
         }
     }
@@ -55,12 +55,10 @@ struct BundleCommand: AsyncParsableCommand {
         @Argument(help: "The bundle file.") var file: String
 
         func run() async throws {
-            let store = try options.openStore()
-            let secret = try options.readSecret()
-            let replica = Replica(store: store, directory: options.directory, logger: .init(label: "peersync"))
+            let replica = try options.openReplica()
             do {
-                let (header, outcome) = try await replica.applyBundle(try readFile(file), secret: secret)
-                print("applied \(file) from \(header.senderName) (\(header.sender.shortDescription)): "
+                let (header, outcome) = try await replica.applyBundle(try readFile(file))
+                print("applied \(file) from \(header.senderName) (\(header.sender.deviceID.shortForm)): "
                       + "\(outcome.changedRecords.count) records changed")
             } catch let error as BundleError {
                 throw CLIError("\(file): \(error); nothing was applied")
@@ -74,9 +72,8 @@ struct BundleCommand: AsyncParsableCommand {
         @Option(name: .shortAndLong, help: "The context file to write.") var output: String
 
         func run() async throws {
-            let store = try options.openStore()
-            let replica = Replica(store: store, directory: options.directory, logger: .init(label: "peersync"))
-            try writeFile(output, replica.bundleContext(secret: try options.readSecret()))
+            let replica = try options.openReplica()
+            try writeFile(output, replica.bundleContext())
             print("wrote \(output)")
         }
     }

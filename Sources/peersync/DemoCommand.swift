@@ -16,19 +16,19 @@ struct Demo: AsyncParsableCommand {
         guard (1...10_000).contains(edits) else { throw CLIError("--edits must be 1 to 10000") }
         var logger = Logger(label: "demo")
         logger.logLevel = .critical
-        let secret = GroupSecret.generate()
         let names = ["alba", "berg", "cova", "dune", "elm", "fjord", "glen", "heath"]
+        let group = try LocalGroup.make(names: Array(names.prefix(replicas)), groupName: "demo")
         var nodes: [Replica] = []
         var directories: [String] = []
         defer { for d in directories { try? FileManager.default.removeItem(atPath: d) } }
-        print("PeerSync demo: \(replicas) replicas, one sync group (invite code \(secret.inviteCode.prefix(9))…), TLS on 127.0.0.1\n")
+        print("PeerSync demo: \(replicas) replicas, one sync group (\(group.groupID.description.prefix(8))…), mutual TLS 1.3 on 127.0.0.1\n")
         var ports: [UInt16] = []
         for i in 0..<replicas {
             let dir = FileManager.default.temporaryDirectory.appendingPathComponent("peersync-demo-\(UUID().uuidString)").path
             directories.append(dir)
-            let replica = try Replica(store: ReplicaStore.create(directory: dir, name: names[i]), directory: dir, logger: logger)
+            let replica = try Replica.create(at: dir, member: i, of: group, logger: logger)
             nodes.append(replica)
-            ports.append(try await replica.startSync(SyncConfiguration(security: .groupSecret(secret), listen: PeerAddress(host: "127.0.0.1", port: 0))))
+            ports.append(try await replica.startSync(SyncConfiguration(security: .tls, listen: PeerAddress(host: "127.0.0.1", port: 0))))
         }
         for (i, replica) in nodes.enumerated() where i > 0 {
             await replica.addPeer(PeerAddress(host: "127.0.0.1", port: ports[i - 1]))

@@ -23,12 +23,12 @@ struct Doctor: AsyncParsableCommand {
         let store = try? options.openStore()
         report(store != nil, store.map { "store \(options.directory): replica \($0.replicaID) (\($0.state.name))" }
             ?? "no replica at \(options.directory) (run `peersync init`)")
-        var security = SessionSecurity.insecure
-        if !insecure {
+        let security: SessionSecurity = insecure ? .insecure : .tls
+        var replica: Replica?
+        if store != nil {
             do {
-                let secret = try options.readSecret()
-                security = .groupSecret(secret)
-                report(true, "group secret found (discovery tag \(secret.groupTag))")
+                replica = try options.openReplica()
+                report(true, "device key \(replica!.deviceID) (\(replica!.role?.description ?? "not an active member")); group \(replica!.groupID)")
             } catch {
                 report(false, "\(error)")
             }
@@ -50,7 +50,7 @@ struct Doctor: AsyncParsableCommand {
             // Browse for two seconds: is an avahi daemon reachable, and who is out there?
             let discovery = PeerDiscovery()
             let events = discovery.start(advertising: nil)
-            let ownTag = (try? options.readSecret().groupTag) ?? "insecure"
+            let ownTag = replica?.groupID.discoveryTag ?? "?"
             let ownID = store?.replicaID
             var found: [DiscoveredPeer] = []
             var unavailable: String?
@@ -82,7 +82,11 @@ struct Doctor: AsyncParsableCommand {
         }
         for text in peers {
             let peer = try parseHostPort(text)
-            let result = await SessionProbe.probe(peer, security: security)
+            guard let groupID = replica?.groupID else {
+                report(false, "peer \(text): not checked (no replica here)")
+                continue
+            }
+            let result = await SessionProbe.probe(peer, security: security, groupID: groupID)
             if let hello = result.hello {
                 let offset = Double(result.clockOffsetMilliseconds ?? 0) / 1000
                 report(true, "peer \(text): \(hello.name) (\(hello.replicaID.shortDescription)), protocol \(hello.protocolVersion), clock offset \(String(format: "%+.1f", offset)) s")

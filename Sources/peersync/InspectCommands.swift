@@ -19,6 +19,10 @@ struct Status: AsyncParsableCommand {
 
     struct Output: Codable {
         var replicaID: String
+        var deviceID: String
+        /// admin, member, "joining" or "removed".
+        var role: String
+        var groupID: String
         var name: String
         var store: String
         var digest: String
@@ -30,15 +34,21 @@ struct Status: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let store = try options.openStore()
+        let replica = try options.openReplica()
+        let store = replica.store
         let state = store.state
+        let roster = replica.roster()
+        let role = await replica.pendingJoin != nil ? "joining" : roster.isRemoved(replica.deviceID) ? "removed"
+            : roster.role(of: replica.deviceID)?.description ?? "unknown"
         let output = Output(
-            replicaID: state.replicaID.description, name: state.name, store: options.directory,
-            digest: state.digest.description, records: try store.visibleCounts().filter { $0.key != RecordKey.syncedSettings.collection },
+            replicaID: state.replicaID.description, deviceID: replica.deviceID.humanForm, role: role,
+            groupID: replica.groupID.description, name: state.name, store: options.directory,
+            digest: state.digest.description, records: try store.visibleCounts().filter { $0.key != RecordKey.syncedSettings.collection && !$0.key.hasPrefix("_") },
             syncedSettings: state.settings(scope: .synced).count, localSettings: state.settings(scope: .local).count,
             conflicts: state.conflicts.entries.count, node: runningNode(options))
         if json { return try printJSON(output) }
         print("replica   \(output.replicaID) (\(output.name))")
+        print("device    \(output.deviceID) — \(output.role)")
         print("store     \(output.store)")
         print("digest    \(output.digest)")
         print("records   " + (output.records.isEmpty ? "none" : output.records.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", ")))

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import Logging
 import PeerSync
 
 @main
@@ -14,7 +15,7 @@ struct PeerSyncCommand: AsyncParsableCommand {
             """,
         version: PeerSync.version,
         subcommands: [
-            Init.self, Invite.self, Run.self, LocationCommand.self, ShiftTypeCommand.self, SettingsCommand.self,
+            Init.self, Invite.self, Devices.self, Run.self, LocationCommand.self, ShiftTypeCommand.self, SettingsCommand.self,
             Status.self, Log.self, Conflicts.self, Watch.self, Export.self, Import.self, BundleCommand.self, Demo.self, Doctor.self,
         ]
     )
@@ -38,24 +39,10 @@ struct StoreOptions: ParsableArguments {
         try ReplicaStore.open(directory: directory)
     }
 
-    var secretPath: String { (directory as NSString).appendingPathComponent("group-secret") }
-
-    func readSecret() throws -> GroupSecret {
-        guard let text = try? String(contentsOfFile: secretPath, encoding: .utf8) else {
-            throw CLIError("no group secret in \(directory) (run `peersync init` or `peersync init --join CODE`)")
-        }
-        do {
-            return try GroupSecret(inviteCode: text.trimmingCharacters(in: .whitespacesAndNewlines))
-        } catch {
-            throw CLIError("\(secretPath): \(error)")
-        }
-    }
-
-    func writeSecret(_ secret: GroupSecret) throws {
-        guard FileManager.default.createFile(atPath: secretPath, contents: Data((secret.inviteCode + "\n").utf8),
-                                             attributes: [.posixPermissions: 0o600]) else {
-            throw CLIError("cannot write \(secretPath)")
-        }
+    /// The replica engine over this store: its device key and group (an older store is
+    /// upgraded on the way).
+    func openReplica(logger: Logger = Logger(label: "peersync")) throws -> Replica {
+        try Replica(store: openStore(), directory: directory, logger: logger)
     }
 }
 

@@ -26,15 +26,14 @@ struct Run: AsyncParsableCommand {
         guard let level = Logger.Level(rawValue: logLevel) else { throw CLIError("unknown log level \"\(logLevel)\"") }
         let listenAddress = try parseHostPort(listen)
         let peerAddresses = try peers.map(parseHostPort)
-        let store = try options.openStore()
-        let security: SessionSecurity = insecure ? .insecure : .groupSecret(try options.readSecret())
+        let security: SessionSecurity = insecure ? .insecure : .tls
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = level
             return handler
         }
         let logger = Logger(label: "peersync")
-        let replica = Replica(store: store, directory: options.directory, logger: logger)
+        let replica = try options.openReplica(logger: logger)
         let service = NodeService(
             replica: replica, statusFile: (options.directory as NSString).appendingPathComponent("node.json"),
             configuration: configuration(security: security, listen: listenAddress, peers: peerAddresses),
@@ -54,6 +53,7 @@ struct Run: AsyncParsableCommand {
 struct NodeStatusFile: Codable {
     struct Peer: Codable {
         var replicaID: String
+        var deviceID: String?
         var name: String
         var address: String
         var dialed: Bool
@@ -115,7 +115,8 @@ struct NodeService: Service {
     func writeStatus(port: UInt16, started: Date) async {
         let peers = await replica.peers().map { p in
             NodeStatusFile.Peer(
-                replicaID: p.info.replicaID.description, name: p.info.name, address: p.info.address, dialed: p.info.dialed,
+                replicaID: p.info.replicaID.description, deviceID: p.info.deviceID?.humanForm, name: p.info.name,
+                address: p.info.address, dialed: p.info.dialed,
                 lastConvergedAt: p.lastConvergedAt,
                 bytesSent: p.bytesSent, bytesReceived: p.bytesReceived)
         }

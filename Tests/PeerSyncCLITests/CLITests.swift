@@ -23,6 +23,7 @@ struct StatusJSON: Decodable {
         var peers: [Peer]
     }
     var replicaID: String
+    var role: String
     var digest: String
     var records: [String: Int]
     var node: Node?
@@ -119,8 +120,8 @@ struct CLITests {
             stores.forEach(removeTemporaryDirectory)
         }
         try #require(try cli(in: stores[0], ["init", "--name", "a"]).status == 0)
-        let code = try cli(in: stores[0], ["invite"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
         for (i, store) in stores.enumerated().dropFirst() {
+            let code = try cli(in: stores[0], ["invite"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
             try #require(try cli(in: store, ["init", "--name", "n\(i)", "--join", code]).status == 0)
         }
         func startNode(_ i: Int, peers: [String]) throws -> ChildProcess {

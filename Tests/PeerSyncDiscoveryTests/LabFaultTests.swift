@@ -22,8 +22,8 @@ struct LabFaultTests {
     {
         let stores = hosts.map { "\(root)/h\($0)-\(port)" }
         #expect(try N.cli(stores[0], ["init", "--name", "h\(hosts[0])"]).status == 0)
-        let code = try N.cli(stores[0], ["invite"]).output.trimmingCharacters(in: .whitespacesAndNewlines)
         for (i, host) in hosts.enumerated().dropFirst() {
+            let code = try N.cli(stores[0], ["invite"]).output.trimmingCharacters(in: .whitespacesAndNewlines)
             #expect(try N.cli(stores[i], ["init", "--name", "h\(host)", "--join", code]).status == 0)
         }
         let nodes = try hosts.enumerated().map { i, host in

@@ -476,7 +476,7 @@ struct RosterValidationTests {
         let addM = try s.add(m, name: "m", by: s.creator, at: 2_000)
         let replica = ReplicaID(high: 1, low: 1)
         var map = RecordMap()
-        for entry in s.entries { map.write(entry.fields, to: entry.recordKey, at: entry.timestamp, by: replica) }
+        for entry in s.entries { try map.write(entry.fields, to: entry.recordKey, at: entry.timestamp, by: replica) }
         let base = Roster(groupID: s.groupID, entries: [s.entries[0]])
         let accepted = base.validate(delta: map)
         #expect(accepted.accepted.map(\.id) == [addM.id])

@@ -12,7 +12,8 @@ struct CrashTests {
         defer { stores.forEach(removeTemporaryDirectory) }
         let bulk = try Nodes.bulkFile(count: 20_000)
         defer { try? FileManager.default.removeItem(atPath: bulk) }
-        try #require(try Nodes.cli(stores[0], ["import", bulk]).status == 0)
+        let imported = try Nodes.cli(stores[0], ["import", bulk])
+        try #require(imported.status == 0, "\(imported.stderr)")
         let source = try Nodes.start(stores[0])
         defer { source.kill(SIGTERM) }
         let a = try await Nodes.address(stores[0], pid: source.pid)

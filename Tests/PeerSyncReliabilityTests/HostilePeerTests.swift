@@ -19,18 +19,34 @@ struct HostilePeerTests {
         return Int(line.split(separator: " ").dropFirst().first ?? "")
     }
 
-    /// Writes `chunks` to `host:port` (optionally through TLS), slowly if asked; returns what the
-    /// client sent on the wire (bytes after TLS), for replays.
-    static func connect(port: Int, tls: NIOSSLContext?, chunks: [[UInt8]], pause: Duration = .zero) async throws {
-        let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+    /// Writes `chunks` to `127.0.0.1:port` (through device TLS if given), slowly if asked. With
+    /// `member`, it first completes a member's session handshake (hello, the victim's hello, auth),
+    /// so what follows comes from an admitted device gone bad.
+    static func connect(port: Int, tls: DeviceTLS?, chunks: [[UInt8]], pause: Duration = .zero,
+                        member: LocalIdentity? = nil) async throws {
+        let (channel, _) = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .connectTimeout(.seconds(3))
             .connect(host: "127.0.0.1", port: port) { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    if let tls { try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: tls, serverHostname: nil)) }
-                    return try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
+                    try SyncNode.configurePipeline(channel, tls: tls, dialed: true, maxFrame: WireLimits.defaultMaxFrameBytes)
                 }
             }
-        try? await channel.executeThenClose { _, outbound in
+        try? await channel.executeThenClose { inbound, outbound in
+            if let member {
+                let nonce = (0..<16).map { _ in UInt8.random(in: 0...255) }
+                let me = ReplicaID.random()
+                let hello = Hello(replicaID: me, name: "mallory", wallClockMilliseconds: HybridLogicalClock.wallClock(),
+                                  context: CausalContext(), digest: .empty, groupID: member.groupID.bytes,
+                                  deviceKey: member.key.publicKey.x963, nonce: nonce)
+                try await outbound.write(ByteBuffer(bytes: Message.hello(hello).encodedFrame()))
+                for try await frame in inbound {
+                    guard case .hello(let theirs) = try Message.decode(type: frame.type, body: frame.body) else { continue }
+                    let signature = SessionAuth.sign(key: member.key, ownNonce: nonce, peerNonce: theirs.nonce ?? [], own: me,
+                                                     group: member.groupID)
+                    try await outbound.write(ByteBuffer(bytes: Message.auth(signature: signature).encodedFrame()))
+                    break
+                }
+            }
             for chunk in chunks {
                 try await outbound.write(ByteBuffer(bytes: chunk))
                 if pause > .zero { try await Task.sleep(for: pause) }
@@ -53,14 +69,19 @@ struct HostilePeerTests {
         let digest = try #require(Nodes.status(stores[0])?.digest)
         let memoryBefore = try #require(Self.residentKilobytes(victim.pid))
 
-        let secret = try GroupSecret(inviteCode: try Nodes.cli(stores[0], ["invite"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines))
-        let member = try TLSContexts(secret: secret).client
-        let stranger = try TLSContexts(secret: GroupSecret.generate()).client
+        // Mallory holds a member's device key (the honest node's): a member gone bad.
+        let key = try DeviceKey.load(from: stores[1] + "/device-key.pem")
+        let groupID = try #require(try ReplicaStore.open(directory: stores[1]).membership().flatMap { GroupID(bytes: $0.groupID) })
+        let mallory = LocalIdentity(key: key, groupID: groupID)
+        let member = try DeviceTLS(key: key) { _ in true }
+        let stranger = try DeviceTLS(key: DeviceKey.generate()) { _ in true }
         var rng = SeededGenerator(seed: baseSeed)
         let now = HybridLogicalClock.wallClock()
-        func hello(version: UInt64 = WireLimits.protocolVersion) -> [UInt8] {
+        let nonce = (0..<16).map { _ in UInt8.random(in: 0...255, using: &rng) }
+        func hello(version: UInt64 = WireLimits.protocolVersion, group: [UInt8] = groupID.bytes) -> [UInt8] {
             Message.hello(Hello(protocolVersion: version, replicaID: .random(using: &rng), name: "mallory",
-                                wallClockMilliseconds: now, context: CausalContext(), digest: .empty)).encodedFrame()
+                                wallClockMilliseconds: now, context: CausalContext(), digest: .empty, groupID: group,
+                                deviceKey: key.publicKey.x963, nonce: nonce)).encodedFrame()
         }
         var attacks = 0
         for round in 0..<300 {
@@ -72,15 +93,15 @@ struct HostilePeerTests {
             case 2:  // a member trickling half a frame, byte by byte
                 let frame = hello()
                 try await Self.connect(port: port, tls: member, chunks: frame.prefix(frame.count / 2).map { [$0] }, pause: .milliseconds(1))
-            case 3:  // another group
-                try await Self.connect(port: port, tls: stranger, chunks: [hello()])
+            case 3:  // another group's device
+                try await Self.connect(port: port, tls: stranger, chunks: [hello(group: Array(repeating: 9, count: 16))])
             case 4:  // an old protocol version
                 try await Self.connect(port: port, tls: member, chunks: [hello(version: 0)])
-            default:  // a member's random frames after a valid hello
-                try await Self.connect(port: port, tls: member, chunks: [hello()] + (0..<10).map { _ in
+            default:  // a member's random frames after a valid, authenticated hello
+                try await Self.connect(port: port, tls: member, chunks: (0..<10).map { _ in
                     Frame.encode(type: UInt8.random(in: 1...12, using: &rng),
                                  body: (0..<Int.random(in: 0...64, using: &rng)).map { _ in UInt8.random(in: 0...255, using: &rng) })
-                })
+                }, member: mallory)
             }
             attacks += 1
         }

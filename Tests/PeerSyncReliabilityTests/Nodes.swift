@@ -35,8 +35,8 @@ enum Nodes {
     static func group(_ count: Int, label: String) throws -> [String] {
         let stores = try (0..<count).map { _ in try makeTemporaryDirectory(label) }
         try #require(try cli(stores[0], ["init", "--name", "n0"]).status == 0)
-        let code = try cli(stores[0], ["invite"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
         for (i, store) in stores.enumerated().dropFirst() {
+            let code = try cli(stores[0], ["invite"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
             try #require(try cli(store, ["init", "--name", "n\(i)", "--join", code]).status == 0)
         }
         return stores

@@ -8,16 +8,20 @@ import Testing
 /// twice, and must lose none of its writes (issue 17).
 @Suite("Restored and copied stores", .serialized)
 struct RestoreAndCopyTests {
-    let secret = GroupSecret.generate()
-    let files = ["replica.sqlite", "replica.sqlite-wal"]
+    let group = try! LocalGroup.make(names: ["a", "b"])
+    let files = ["replica.sqlite", "replica.sqlite-wal", "device-key.pem"]
 
+    /// Device `name` ("a" or "b") of the group: created on first use, opened afterwards.
     func open(_ directory: String, _ name: String, _ lines: RecordingLogHandler.Lines = .init()) throws -> Replica {
-        try Replica.open(at: directory, name: name, logger: RecordingLogHandler.logger(name, into: lines))
+        let logger = RecordingLogHandler.logger(name, into: lines)
+        if FileManager.default.fileExists(atPath: ReplicaStore.path(in: directory)) {
+            return try Replica.open(at: directory, logger: logger)
+        }
+        return try Replica.create(at: directory, member: group.names.firstIndex(of: name) ?? 0, of: group, logger: logger)
     }
 
     func sync(_ replica: Replica, peers: [UInt16] = []) async throws -> UInt16 {
-        try await replica.startSync(SyncConfiguration(security: .groupSecret(secret), listen: .loopback(0),
-                                                      peers: peers.map { .loopback($0) }))
+        try await replica.startSync(SyncConfiguration(security: .tls, listen: .loopback(0), peers: peers.map { .loopback($0) }))
     }
 
     func names(_ replica: Replica) throws -> [String] { try replica.fetchAll(Location.self).map(\.name).sorted() }
@@ -34,7 +38,7 @@ struct RestoreAndCopyTests {
     /// inode: the store cannot tell from its file, only peers can).
     func restore(_ copy: String, to directory: String, inPlace: Bool) throws {
         try? FileManager.default.removeItem(atPath: "\(directory)/replica.sqlite-shm")
-        for file in files {
+        for file in files where file != "device-key.pem" {
             let target = "\(directory)/\(file)"
             guard let bytes = FileManager.default.contents(atPath: "\(copy)/\(file)") else {
                 try? FileManager.default.removeItem(atPath: target)
@@ -104,7 +108,7 @@ struct RestoreAndCopyTests {
         a = nil
         try backup(dirA, to: dirC)  // the copy: "moving to a new phone while the old one stays in use"
         a = try open(dirA, "a", lines)
-        let c = try open(dirC, "c", lines)
+        let c = try open(dirC, "a", lines)  // the same device, a second copy of its store
         let b = try open(dirB, "b", lines)
         #expect(c.replicaID != a!.replicaID)
         #expect(c.store.incarnationChange != nil)

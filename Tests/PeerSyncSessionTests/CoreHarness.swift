@@ -16,14 +16,28 @@ struct CoreNode {
     var closedTransports: Set<SessionID> = []
     var failNextCommit = false
 
+    /// Devices "a"…"f" of one group (device "a" created it; all are admins).
+    static let group = try! LocalGroup.make(names: ["a", "b", "c", "d", "e", "f"])
+
+    /// Node `name` ("a"…"f") of ``group``; `group: nil` makes a device of no group's roster.
     init(_ name: String, maxFrameBytes: Int = WireLimits.defaultMaxFrameBytes, timing: SyncTiming = SyncTiming(),
-         outboxDeltaBytes: Int? = nil, transfer: TransferMode = .deltas) {
+         outboxDeltaBytes: Int? = nil, transfer: TransferMode = .deltas, identity: LocalIdentity? = nil) {
         state = ReplicaState(name: name)
+        let member = Self.group.names.firstIndex(of: name) ?? 0
+        let identity = identity ?? Self.group.identity(member)
+        for entry in Self.group.entries { state.write(entry.fields, to: entry.recordKey) }
+        if identity.groupID == Self.group.groupID, identity.key.deviceID == Self.group.keys[member].deviceID {
+            let roster = state.roster(of: Self.group.groupID)
+            let claim = try! RosterEntry.make(.writer(state.replicaID), context: roster.context(for: identity.key.deviceID, at: state.nextTimestamp()),
+                                              signer: identity.key)
+            state.write(claim.fields, to: claim.recordKey)
+        }
         var limits = SyncLimits()
         limits.maxFrameBytes = maxFrameBytes
         if let outboxDeltaBytes { limits.outboxDeltaBytes = outboxDeltaBytes }
         core = ReplicationCore(settings: .init(localReplica: state.replicaID, name: name, timing: timing, limits: limits,
-                                               transfer: transfer))
+                                               transfer: transfer, identity: identity),
+                               roster: state.roster(of: identity.groupID))
     }
 
     var replicaID: ReplicaID { state.replicaID }
@@ -36,13 +50,19 @@ struct CoreNode {
             case .commit(let request): pendingCommits.append(request)
             case .event(let event): events.append(event)
             case .log(let line): logs.append(line)
+            case .admitJoiner(let id, let entry):
+                let delta = state.write(entry.fields, to: entry.recordKey)
+                handle(core.broadcast(delta, state: state))
+                handle(core.joinerAdmitted(id, roster: state.roster(of: core.settings.identity.groupID), now: ContinuousClock.now,
+                                           state: state))
             }
         }
     }
 
     mutating func open(initiator: Bool, address: String, now: MonotonicInstant) -> SessionID {
         let (id, actions) = core.open(SessionOrigin(address: address, initiator: initiator), now: now,
-                                      wallClock: HybridLogicalClock.wallClock(), state: state)
+                                      wallClock: HybridLogicalClock.wallClock(), state: state,
+                                      nonce: (0..<16).map { _ in UInt8.random(in: 0...255) })
         handle(actions)
         return id
     }

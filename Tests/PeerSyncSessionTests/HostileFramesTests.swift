@@ -13,75 +13,103 @@ import Testing
 /// connected. Afterwards the digests are unchanged and the honest peer still syncs.
 @Suite("Hostile frames", .serialized)
 struct HostileFramesTests {
-    /// Opens a connection and writes `chunks` of bytes, then closes.
-    static func send(_ chunks: [[UInt8]], to port: UInt16, tls: NIOSSLContext?) async throws {
-        let channel = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+    /// Opens a connection as `identity` and writes `chunks`, then closes. With `authenticate`,
+    /// it first completes the session handshake (hello, the victim's hello, auth), so the chunks
+    /// come from an admitted member — the hostile member of the threat model.
+    static func send(_ chunks: [[UInt8]], to port: UInt16, tls: DeviceTLS?, as identity: LocalIdentity, authenticate: Bool) async throws {
+        let (channel, _) = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .connectTimeout(.seconds(3))
             .connect(host: "127.0.0.1", port: Int(port)) { channel in
                 channel.eventLoop.makeCompletedFuture {
-                    if let tls {
-                        try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: tls, serverHostname: nil))
-                    }
-                    return try NIOAsyncChannel<ByteBuffer, ByteBuffer>(wrappingChannelSynchronously: channel)
+                    try SyncNode.configurePipeline(channel, tls: tls, dialed: true, maxFrame: WireLimits.defaultMaxFrameBytes)
                 }
             }
-        try? await channel.executeThenClose { _, outbound in
+        try? await channel.executeThenClose { inbound, outbound in
+            if authenticate {
+                let nonce = (0..<16).map { _ in UInt8.random(in: 0...255) }
+                let me = ReplicaID.random()
+                let hello = Hello(replicaID: me, name: "mallory", wallClockMilliseconds: HybridLogicalClock.wallClock(),
+                                  context: CausalContext(), digest: .empty, groupID: identity.groupID.bytes,
+                                  deviceKey: identity.key.publicKey.x963, nonce: nonce)
+                try await outbound.write(ByteBuffer(bytes: Message.hello(hello).encodedFrame()))
+                for try await frame in inbound {
+                    guard case .hello(let theirs) = try Message.decode(type: frame.type, body: frame.body) else { continue }
+                    let signature = SessionAuth.sign(key: identity.key, ownNonce: nonce, peerNonce: theirs.nonce ?? [], own: me,
+                                                     group: identity.groupID)
+                    try await outbound.write(ByteBuffer(bytes: Message.auth(signature: signature).encodedFrame()))
+                    break
+                }
+            }
             for chunk in chunks {
                 try await outbound.write(ByteBuffer(bytes: chunk))
             }
         }
     }
 
-    static func hostileConnection(_ rng: inout SeededGenerator, victim: ReplicaID) -> (chunks: [[UInt8]], frames: Int) {
+    /// Hostile bytes for one connection, and whether they follow an authenticated handshake (a
+    /// member gone bad) or come from anyone (before or instead of a valid hello).
+    static func hostileConnection(_ rng: inout SeededGenerator, victim: ReplicaID, group: GroupID)
+        -> (chunks: [[UInt8]], frames: Int, authenticated: Bool)
+    {
         let now = HybridLogicalClock.wallClock()
         let me = ReplicaID.random(using: &rng)
-        let hello = Message.hello(Hello(replicaID: me, name: "mallory", wallClockMilliseconds: now,
-                                        context: CausalContext(), digest: .empty)).encodedFrame()
+        let nonce = (0..<16).map { _ in UInt8.random(in: 0...255, using: &rng) }
+        let stranger = DeviceKey.generate()
+        func hello(_ replica: ReplicaID, version: UInt64 = WireLimits.protocolVersion, at clock: UInt64 = now) -> Hello {
+            Hello(protocolVersion: version, replicaID: replica, name: "mallory", wallClockMilliseconds: clock, context: CausalContext(),
+                  digest: .empty, groupID: group.bytes, deviceKey: stranger.publicKey.x963, nonce: nonce)
+        }
         let dictionary = WireDictionary(startingAt: now)
         var map = RecordMap()
         let validDelta = try! map.write(["name": "evil"], to: RecordKey(collection: "locations", id: UUID()),
                                    at: HLCTimestamp(physicalMilliseconds: now, logical: 0), by: me)
         let deltaFrame = Message.delta(WireDelta.encode(validDelta, with: dictionary)).encodedFrame()
         var chunks: [[UInt8]] = []
+        var authenticated = false
         switch Int.random(in: 0..<8, using: &rng) {
         case 0:  // pure garbage
             chunks = [(0..<Int.random(in: 1...300, using: &rng)).map { _ in UInt8.random(in: 0...255, using: &rng) }]
-        case 1:  // hello, then frames of random types and bodies
-            chunks = [hello] + (0..<20).map { _ in
+        case 1:  // (as a member) frames of random types and bodies
+            authenticated = true
+            chunks = (0..<20).map { _ in
                 Frame.encode(type: UInt8.random(in: 0...20, using: &rng),
                              body: (0..<Int.random(in: 0...40, using: &rng)).map { _ in UInt8.random(in: 0...255, using: &rng) })
             }
-        case 2:  // hello, then a truncated delta (counts are explicit, so never valid)
+        case 2:  // (as a member) a truncated delta (counts are explicit, so never valid)
+            authenticated = true
             var body = Array(deltaFrame.dropFirst(1))
             body.removeLast(Int.random(in: 1..<body.count, using: &rng))
-            chunks = [hello, Frame.encode(type: body[0], body: Array(body.dropFirst()))]
-        case 3:  // a length prefix far over the limit
-            chunks = [hello, [0xff, 0xff, 0xff, 0x7f, 0x01]]
-        case 4:  // a slow partial frame, then the connection drops
-            chunks = [hello, Array(deltaFrame.prefix(deltaFrame.count / 2))]
-        case 5:  // hellos that must be refused: other version, the victim's own ID, an hour ahead
-            let bad = [
-                Hello(protocolVersion: 99, replicaID: me, name: "old", wallClockMilliseconds: now, context: CausalContext(), digest: .empty),
-                Hello(replicaID: victim, name: "impostor", wallClockMilliseconds: now, context: CausalContext(), digest: .empty),
-                Hello(replicaID: me, name: "future", wallClockMilliseconds: now + 3_600_000, context: CausalContext(), digest: .empty),
-            ].randomElement(using: &rng)!
+            chunks = [Frame.encode(type: body[0], body: Array(body.dropFirst()))]
+        case 3:  // (as a member) a length prefix far over the limit
+            authenticated = true
+            chunks = [[0xff, 0xff, 0xff, 0x7f, 0x01]]
+        case 4:  // (as a member) a slow partial frame, then the connection drops
+            authenticated = true
+            chunks = [Array(deltaFrame.prefix(deltaFrame.count / 2))]
+        case 5:  // hellos that must be refused: other version, the victim's own ID, an hour ahead, a
+                 // stranger's device (unauthenticated: its data must not land), another group
+            let bad = [hello(me, version: 99), hello(victim), hello(me, at: now + 3_600_000), hello(me),
+                       Hello(replicaID: me, name: "other group", wallClockMilliseconds: now, context: CausalContext(), digest: .empty,
+                             groupID: Array(repeating: 7, count: 16), deviceKey: stranger.publicKey.x963, nonce: nonce)]
+                .randomElement(using: &rng)!
             chunks = [Message.hello(bad).encodedFrame(), deltaFrame]
         case 6:  // a delta before any hello
             chunks = [deltaFrame]
-        default:  // hello, then a delta frame with one byte of its header flipped into nonsense
+        default:  // (as a member) a delta frame with one byte of its header flipped into nonsense
+            authenticated = true
             var corrupted = deltaFrame
             corrupted[1] = UInt8.random(in: 100...255, using: &rng)  // unknown message type
-            chunks = [hello, corrupted]
+            chunks = [corrupted]
         }
-        return (chunks, chunks.count)
+        return (chunks, chunks.count, authenticated)
     }
 
     @Test("random and mutated frames change nothing, and honest peers keep syncing")
     func hostileFrames() async throws {
-        let secret = GroupSecret.generate()
-        let secure = try TestReplica("secure", security: .groupSecret(secret))
-        let insecure = try TestReplica("insecure", security: .insecure)
-        let honest = try TestReplica("honest", security: .groupSecret(secret))
+        let group = TestGroup()
+        let secure = try TestReplica("secure", in: group)
+        let insecure = try TestReplica("insecure", in: group, security: .insecure)
+        let honest = try TestReplica("honest", in: group)
         defer { Task { await secure.shutdown(); await insecure.shutdown(); await honest.shutdown() } }
         try await secure.write { try $0.save(Location(name: "before the attack")) }
         try await insecure.write { try $0.save(Location(name: "before the attack")) }
@@ -91,15 +119,18 @@ struct HostileFramesTests {
         await honest.node.addPeer(.loopback(secure.port))
         #expect(await eventually { allConverged([secure, honest]) })
         let digests = (secure.digest, insecure.digest)
-        let tls = try TLSContexts(secret: secret).client
+        // Mallory is a member of the group (a device of the roster) gone bad.
+        let mallory = try TestReplica("mallory", in: group)
+        let tls = try DeviceTLS(key: mallory.identity.key) { _ in true }
 
         var rng = SeededGenerator(seed: baseSeed)
         var frames = 0
         for i in 0..<800 {
             let target = i.isMultiple(of: 2) ? (secure, Optional(tls)) : (insecure, nil)
-            let (chunks, count) = Self.hostileConnection(&rng, victim: target.0.store.replicaID)
+            let (chunks, count, authenticated) = Self.hostileConnection(&rng, victim: target.0.store.replicaID,
+                                                                        group: group.devices.groupID)
             frames += count
-            try await Self.send(chunks, to: target.0.port, tls: target.1)
+            try await Self.send(chunks, to: target.0.port, tls: target.1, as: mallory.identity, authenticate: authenticated)
         }
         #expect(frames > 2_000)
         #expect(secure.digest == digests.0)

@@ -7,7 +7,7 @@ import Testing
 /// Liveness on the monotonic clock, goodbyes on shutdown, and sync over an app's own transport.
 @Suite("Session lifecycle", .serialized)
 struct SessionLifecycleTests {
-    let secret = GroupSecret.generate()
+    let group = TestGroup()
 
     /// Collects the disconnections a node reports.
     final class Disconnections: Sendable {
@@ -28,8 +28,8 @@ struct SessionLifecycleTests {
         let stepped: @Sendable () -> UInt64 = {
             UInt64(bitPattern: Int64(bitPattern: HybridLogicalClock.wallClock()) &+ offset.load(ordering: .relaxed))
         }
-        let a = try TestReplica("a", security: .groupSecret(secret), wallClock: stepped)
-        let b = try TestReplica("b", security: .groupSecret(secret))
+        let a = try TestReplica("a", in: group, wallClock: stepped)
+        let b = try TestReplica("b", in: group)
         defer { Task { await a.shutdown(); await b.shutdown() } }
         let (dropsA, dropsB) = (Disconnections(a.node.events()), Disconnections(b.node.events()))
         try await a.start()
@@ -44,6 +44,7 @@ struct SessionLifecycleTests {
             let start = await a.node.traffic().framesReceived
             return await eventually { await a.node.traffic().framesReceived >= start + n }
         }
+        #expect(await eventually { allConverged([a, b]) })
         // An hour back: a's HLC does not go back; its writes still reach b and still win.
         offset.store(-3_600_000, ordering: .relaxed)
         #expect(await keepaliveRoundsPass(3))
@@ -67,8 +68,9 @@ struct SessionLifecycleTests {
     @Test("stopping a node says goodbye to its peer every time (20 trials)")
     func goodbyeOnStop() async throws {
         for trial in 0..<20 {
-            let a = try TestReplica("a\(trial)", security: .groupSecret(secret))
-            let b = try TestReplica("b\(trial)", security: .groupSecret(secret))
+            let pair = TestGroup(size: 2)
+            let a = try TestReplica("a\(trial)", in: pair)
+            let b = try TestReplica("b\(trial)", in: pair)
             let drops = Disconnections(b.node.events())
             try await a.start()
             try await b.start()
@@ -77,11 +79,13 @@ struct SessionLifecycleTests {
                 let (pa, pb) = (await a.node.peers(), await b.node.peers())
                 return pa.count == 1 && pb.count == 1
             })
-            try await a.write { try $0.save(Location(name: "just before stopping \(trial)")) }
+            let last = Location(name: "just before stopping \(trial)")
+            try await a.write { try $0.save(last) }
             await a.node.stop()
             #expect(await eventually { !drops.all.isEmpty })
             #expect(drops.all.first == .peerClosed(.shuttingDown, detail: "node shutting down"), "trial \(trial): \(drops.all)")
-            #expect(await eventually { allConverged([a, b]) }, "trial \(trial)")
+            // What a wrote just before stopping went out before its goodbye.
+            #expect(await eventually { b.store.state.contains(last.recordKey) }, "trial \(trial)")
             await b.shutdown()
             await a.shutdown()
         }
@@ -91,8 +95,8 @@ struct SessionLifecycleTests {
     func inMemoryPipe() async throws {
         let directories = try (0..<2).map { _ in try makeTemporaryDirectory("peersync-pipe") }
         defer { directories.forEach(removeTemporaryDirectory) }
-        let a = try Replica.open(at: directories[0], name: "a")
-        let b = try Replica.open(at: directories[1], name: "b")
+        let a = try Replica.create(at: directories[0], name: "a")
+        let b = try Replica.join(at: directories[1], name: "b", invite: try await a.invite())
         for i in 0..<300 { try await a.save(Location(name: "from a \(i)")) }
         try await b.save(ShiftType(symbol: "N", title: "Night", duration: 36_000))
         let sa = try await a.openSession(address: "pipe:b", initiator: true)

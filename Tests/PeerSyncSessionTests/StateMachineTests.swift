@@ -1,4 +1,5 @@
 import PeerSyncCRDT
+import PeerSyncIdentity
 @testable import PeerSyncSession
 import PeerSyncTestSupport
 @testable import PeerSyncWire
@@ -8,6 +9,7 @@ import Testing
 @Suite("Session state machine")
 struct StateMachineTests {
     let now: UInt64 = 1_700_000_000_000
+    static let deviceKey = DeviceKey.generate().publicKey.x963
     var machine = SessionStateMachine(localReplica: testReplica(0), maxClockSkewMilliseconds: 300_000)
 
     func frame(_ message: Message) -> (UInt8, [UInt8]) {
@@ -16,7 +18,8 @@ struct StateMachineTests {
 
     func hello(replica: Int = 1, clock: UInt64? = nil, version: UInt64 = WireLimits.protocolVersion) -> Message {
         .hello(Hello(protocolVersion: version, replicaID: testReplica(replica), name: "peer",
-                     wallClockMilliseconds: clock ?? now, context: CausalContext(), digest: .empty))
+                     wallClockMilliseconds: clock ?? now, context: CausalContext(), digest: .empty,
+                     groupID: Array(repeating: 1, count: 16), deviceKey: Self.deviceKey, nonce: Array(repeating: 2, count: 16)))
     }
 
     mutating func receive(_ message: Message) -> [SessionStateMachine.Action] {
@@ -47,7 +50,7 @@ struct StateMachineTests {
     @Test("other protocol version, own replica, skewed clock are refused with reasons")
     func refusals() {
         var m1 = self
-        #expect(m1.closeReason(m1.receive(hello(version: 2))) == .protocolVersion)
+        #expect(m1.closeReason(m1.receive(hello(version: 1))) == .protocolVersion)
         var m2 = self
         #expect(m2.closeReason(m2.receive(hello(replica: 0))) == .sameReplica)
         var m3 = self

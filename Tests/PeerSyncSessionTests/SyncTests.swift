@@ -6,7 +6,7 @@ import Testing
 /// Real sockets on 127.0.0.1, real TLS (pre-shared key from the group secret), real stores.
 @Suite("Sync sessions", .serialized)
 struct SyncTests {
-    let secret = GroupSecret.generate()
+    let group = TestGroup()
 
     func randomEdits(_ replica: TestReplica, count: Int, seed: UInt64, ids: [UUID]) async throws {
         var rng = SeededGenerator(seed: seed)
@@ -26,8 +26,8 @@ struct SyncTests {
 
     @Test("two replicas editing concurrently while connected converge")
     func twoReplicas() async throws {
-        let a = try TestReplica("a", security: .groupSecret(secret))
-        let b = try TestReplica("b", security: .groupSecret(secret))
+        let a = try TestReplica("a", in: group)
+        let b = try TestReplica("b", in: group)
         defer { Task { await a.shutdown(); await b.shutdown() } }
         try await a.start()
         try await b.start()
@@ -48,7 +48,7 @@ struct SyncTests {
     @Test("five replicas in a mesh editing concurrently converge")
     func fiveReplicas() async throws {
         var replicas: [TestReplica] = []
-        for i in 0..<5 { replicas.append(try TestReplica("r\(i)", security: .groupSecret(secret))) }
+        for i in 0..<5 { replicas.append(try TestReplica("r\(i)", in: group)) }
         defer { let all = replicas; Task { for r in all { await r.shutdown() } } }
         for r in replicas { try await r.start() }
         for (i, r) in replicas.enumerated() {
@@ -72,8 +72,8 @@ struct SyncTests {
 
     @Test("a replica that was offline gets only what it missed")
     func reconnectSendsOnlyTheMissingPart() async throws {
-        let a = try TestReplica("a", security: .groupSecret(secret))
-        let b = try TestReplica("b", security: .groupSecret(secret))
+        let a = try TestReplica("a", in: group)
+        let b = try TestReplica("b", in: group)
         defer { Task { await a.shutdown(); await b.shutdown() } }
         // A holds 2,000 records; B receives the full state on first contact.
         try a.store.write { state in
@@ -111,9 +111,9 @@ struct SyncTests {
 
     @Test("chain A–B–C without an A–C link: an edit on A reaches C")
     func chain() async throws {
-        let a = try TestReplica("a", security: .groupSecret(secret))
-        let b = try TestReplica("b", security: .groupSecret(secret))
-        let c = try TestReplica("c", security: .groupSecret(secret))
+        let a = try TestReplica("a", in: group)
+        let b = try TestReplica("b", in: group)
+        let c = try TestReplica("c", in: group)
         defer { Task { await a.shutdown(); await b.shutdown(); await c.shutdown() } }
         try await a.start()
         try await b.start()
@@ -129,10 +129,10 @@ struct SyncTests {
         #expect(await eventually { allConverged([a, b, c]) })
     }
 
-    @Test("wrong secret: the handshake fails and no record crosses either way")
+    @Test("a device of another group is refused with a clear reason and no record crosses either way")
     func wrongSecret() async throws {
-        let a = try TestReplica("a", security: .groupSecret(secret))
-        let stranger = try TestReplica("stranger", security: .groupSecret(GroupSecret.generate()))
+        let a = try TestReplica("a", in: group)
+        let stranger = try TestReplica("stranger", in: TestGroup())
         defer { Task { await a.shutdown(); await stranger.shutdown() } }
         try await a.write { try $0.save(Location(name: "secret of A")) }
         try await stranger.write { try $0.save(Location(name: "secret of the stranger")) }
@@ -144,7 +144,7 @@ struct SyncTests {
         for await event in events {
             if case .sessionRefused(_, let reason) = event { refusal = reason.description; break }
         }
-        #expect(refusal?.contains("TLS handshake failed") == true, "\(refusal ?? "no refusal")")
+        #expect(refusal?.contains("another sync group") == true, "\(refusal ?? "no refusal")")
         let (peersA, peersStranger) = (await a.node.peers(), await stranger.node.peers())
         #expect(peersA.isEmpty && peersStranger.isEmpty)
         #expect((a.digest, stranger.digest) == digests)
@@ -154,9 +154,9 @@ struct SyncTests {
 
     @Test("a peer whose clock is an hour ahead is refused, naming the offset; one within the bound syncs")
     func clockSkew() async throws {
-        let a = try TestReplica("a", security: .groupSecret(secret))
-        let ahead = try TestReplica("ahead", security: .groupSecret(secret), wallClock: { HybridLogicalClock.wallClock() + 3_600_000 })
-        let close = try TestReplica("close", security: .groupSecret(secret), wallClock: { HybridLogicalClock.wallClock() + 60_000 })
+        let a = try TestReplica("a", in: group)
+        let ahead = try TestReplica("ahead", in: group, wallClock: { HybridLogicalClock.wallClock() + 3_600_000 })
+        let close = try TestReplica("close", in: group, wallClock: { HybridLogicalClock.wallClock() + 60_000 })
         defer { Task { await a.shutdown(); await ahead.shutdown(); await close.shutdown() } }
         try await a.start()
         let events = ahead.node.events()

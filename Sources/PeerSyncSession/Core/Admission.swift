@@ -83,7 +83,7 @@ extension RecordMap {
     /// This delta without the writes the roster refuses (a removed device's writes beyond its
     /// cutoff); their dots stay in the context, so they are not offered again. Returns nil if
     /// nothing is refused.
-    func strippingRefused(by roster: Roster) -> (delta: RecordMap, stripped: Int)? {
+    public func strippingRefused(by roster: Roster) -> (delta: RecordMap, stripped: Int)? {
         guard !roster.devices.values.allSatisfy(\.isActive) || !roster.banned.isEmpty else { return nil }
         var stripped = 0
         var records: [(RecordKey, RecordState)] = []
@@ -110,7 +110,7 @@ extension RecordMap {
     }
 
     /// Whether this delta writes roster entries.
-    var touchesRoster: Bool { collections[RosterEntry.collection] != nil }
+    public var touchesRoster: Bool { collections[RosterEntry.collection] != nil }
 }
 
 extension ReplicaState {

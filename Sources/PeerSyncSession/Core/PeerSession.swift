@@ -38,7 +38,7 @@ struct PeerSession {
     var delivered = CausalContext()
     /// The replicas the peer has sessions with, as it last said (nil: not known yet).
     var neighbors: Set<ReplicaID>?
-    let openedAt: MonotonicInstant
+    var openedAt: MonotonicInstant
     var lastReceived: MonotonicInstant
     var lastSent: MonotonicInstant
     var closingSince: MonotonicInstant?
@@ -76,13 +76,15 @@ struct PeerSession {
     var peer: Hello? { machine.peer }
 
     var info: PeerInfo? {
-        peer.map { PeerInfo(replicaID: $0.replicaID, name: $0.name, address: origin.address, dialed: origin.initiator) }
+        peer.map { PeerInfo(replicaID: $0.replicaID, name: $0.name, address: origin.address, dialed: origin.initiator,
+                            deviceID: peerKey?.deviceID) }
     }
 
     /// Ends the session after `message` (an error now; a goodbye after pending deltas).
     mutating func close(with message: Message?, reason: SessionEndReason, flushFirst: Bool = false, now: MonotonicInstant) {
         if endReason == nil { endReason = reason }
         guard phase != .closing else { return }
+        let wasEstablished = phase == .established
         phase = .closing
         closingSince = now
         out.final = message
@@ -90,9 +92,9 @@ struct PeerSession {
         out.hello = nil
         out.auth = nil
         out.join = nil
-        out.catchUp = nil
-        out.nextCatchUp = nil
-        if !flushFirst {
+        if !flushFirst || !wasEstablished {
+            out.catchUp = nil
+            out.nextCatchUp = nil
             out.deltas = nil
             out.resync = false
         }
@@ -180,11 +182,10 @@ extension PeerSession {
                     out.push(catchUp: delta)
                 }
             }
-            if phase == .established {
-                encodeChunks(into: &bytes, frames: &frames, budget: budget, chunkTarget: chunkTarget, onSkipped: onSkipped)
-            }
+            encodeChunks(into: &bytes, frames: &frames, budget: budget, chunkTarget: chunkTarget, onSkipped: onSkipped)
         }
-        if phase == .closing, let final = out.final, out.deltas == nil || !out.flushBeforeFinal {
+        let flushed = out.deltas == nil && out.catchUp == nil && out.nextCatchUp == nil && !out.resync
+        if phase == .closing, let final = out.final, flushed || !out.flushBeforeFinal {
             add(final.encodedFrame())
             out.final = nil
             closeAfter = true

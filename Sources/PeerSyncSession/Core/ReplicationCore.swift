@@ -64,6 +64,8 @@ struct ReplicationCore {
     private var shuttingDown = false
     /// Full-state repairs the convergence watchdog made.
     private(set) var repairs = 0
+    /// When ``tick(now:)`` last ran.
+    private var lastTick: MonotonicInstant?
     /// Log lines decided where returning actions is awkward; drained with the next actions.
     private var queuedLogs: [CoreLog] = []
 
@@ -596,6 +598,17 @@ struct ReplicationCore {
     mutating func tick(now: MonotonicInstant) -> [Action] {
         var actions: [Action] = []
         let timing = settings.timing
+        // A node whose own timer ran late (its process starved of CPU, or suspended) did not hear
+        // from its peers for the same reason: the stall beyond a few ticks is not their silence.
+        if let last = lastTick, now - last > timing.tick * 10 {
+            let stall = now - last - timing.tick
+            for id in sessions.keys {
+                sessions[id]!.lastReceived = min(now, sessions[id]!.lastReceived + stall)
+                sessions[id]!.openedAt = min(now, sessions[id]!.openedAt + stall)
+                if let since = sessions[id]!.closingSince { sessions[id]!.closingSince = min(now, since + stall) }
+            }
+        }
+        lastTick = now
         for id in sessions.keys.sorted() {
             var session = sessions[id]!
             switch session.phase {

@@ -1,0 +1,284 @@
+import Foundation
+import Logging
+import PeerSyncCRDT
+import PeerSyncIdentity
+import PeerSyncModel
+import PeerSyncSession
+import PeerSyncStore
+
+/// Why a device operation was refused. Nothing was written.
+public enum DeviceAdministrationError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// Only admins add, remove and invite devices.
+    case notAdmin(role: String)
+    /// This device was removed from the group: it can no longer change the roster.
+    case removed
+    /// No device of the roster has this ID (or unique prefix).
+    case unknownDevice(String)
+    /// The ID prefix names several devices.
+    case ambiguousDevice(String, matches: [String])
+    /// The device is already removed.
+    case alreadyRemoved(String)
+    /// The group was not upgraded from a shared secret, or legacy enrolment is already closed.
+    case noLegacyEnrolment
+    /// An entry could not be built (a name too long, …).
+    case invalidEntry(String)
+
+    public var description: String {
+        switch self {
+        case .notAdmin(let role): "this device is a \(role), not an admin: only admins can add, remove or invite devices"
+        case .removed: "this device was removed from the group; it can no longer change the roster"
+        case .unknownDevice(let id): "no device \(id) in this group (see `peersync devices`)"
+        case .ambiguousDevice(let id, let matches): "\(id) matches several devices: \(matches.joined(separator: ", ")); give more characters"
+        case .alreadyRemoved(let id): "device \(id) is already removed"
+        case .noLegacyEnrolment: "this group has no open legacy enrolment (it was not upgraded from a shared secret, or it is closed already)"
+        case .invalidEntry(let detail): "invalid roster entry: \(detail)"
+        }
+    }
+}
+
+/// A store's device and group, as the engine opens them.
+struct DeviceSetup: Sendable {
+    let key: DeviceKey
+    let groupID: GroupID
+    let pendingJoin: PendingJoin?
+    /// An upgraded group's old secret (for legacy enrolment and for telling protocol-1 nodes to upgrade).
+    let legacySecret: GroupSecret?
+}
+
+extension Replica {
+    /// File names inside a store directory.
+    public static let deviceKeyFile = "device-key.pem"
+    public static let legacySecretFile = "group-secret"
+
+    // MARK: - Creating and joining
+
+    /// Creates a replica at `directory` that starts a new group: a device key, and the group's
+    /// genesis entry, which makes this device its first admin.
+    public static func create(at directory: String, name: String, groupName: String? = nil,
+                              logger: Logger = Logger(label: "peersync")) throws -> Replica {
+        let store = try ReplicaStore.create(directory: directory, name: name)
+        do {
+            let key = try DeviceKey.create(at: keyPath(directory))
+            var genesisID: GroupID?
+            try store.write { state in
+                let genesis = try RosterEntry.genesis(groupName: groupName ?? "\(name)'s group", creatorName: name,
+                                                      timestamp: state.nextTimestamp(), creator: key)
+                genesisID = GroupID(bytes: genesis.id.bytes)
+                return state.write(genesis.fields, to: genesis.recordKey)
+            }
+            try store.setMembership(GroupMembership(groupID: genesisID!.bytes))
+        } catch {
+            try? FileManager.default.removeItem(atPath: directory)
+            throw error
+        }
+        return try Replica(store: store, directory: directory, logger: logger)
+    }
+
+    /// Creates a replica at `directory` that joins a group with an invite code: a device key and
+    /// the signed enrol entry it presents to its inviter at the first session. Sync (TCP or an
+    /// app's transport) completes the join; until then this device trusts only the inviter.
+    public static func join(at directory: String, name: String, invite: InviteCode,
+                            logger: Logger = Logger(label: "peersync")) throws -> Replica {
+        let store = try ReplicaStore.create(directory: directory, name: name)
+        do {
+            let key = try DeviceKey.create(at: keyPath(directory))
+            var entryBytes: [UInt8] = []
+            try store.write { state in
+                let context = RosterEntryContext(groupID: invite.groupID, timestamp: state.nextTimestamp(), previous: nil)
+                let enrol = try RosterEntry.make(.enrol(token: invite.token, name: name), context: context, signer: key)
+                entryBytes = enrol.bytes
+                return state.write(enrol.fields, to: enrol.recordKey)
+            }
+            try store.setMembership(GroupMembership(groupID: invite.groupID.bytes, joinInviter: invite.inviter.bytes,
+                                                    joinEntry: entryBytes))
+        } catch {
+            try? FileManager.default.removeItem(atPath: directory)
+            throw error
+        }
+        return try Replica(store: store, directory: directory, logger: logger)
+    }
+
+    /// Creates a replica that joins a group of the previous version with its shared secret (a
+    /// `PS1-` code): it enrols itself as an admin of the upgraded group, as every device that
+    /// knows the secret may until an admin closes legacy enrolment.
+    public static func join(at directory: String, name: String, legacySecret: GroupSecret,
+                            logger: Logger = Logger(label: "peersync")) throws -> Replica {
+        let store = try ReplicaStore.create(directory: directory, name: name)
+        do {
+            try writeLegacySecret(legacySecret, directory: directory)
+        } catch {
+            try? FileManager.default.removeItem(atPath: directory)
+            throw error
+        }
+        return try Replica(store: store, directory: directory, logger: logger)
+    }
+
+    static func keyPath(_ directory: String) -> String { (directory as NSString).appendingPathComponent(deviceKeyFile) }
+
+    static func writeLegacySecret(_ secret: GroupSecret, directory: String) throws {
+        let path = (directory as NSString).appendingPathComponent(legacySecretFile)
+        guard FileManager.default.createFile(atPath: path, contents: Data((secret.inviteCode + "\n").utf8),
+                                             attributes: [.posixPermissions: 0o600]) else {
+            throw StoreError.cannotOpen(path: path, detail: "cannot write the group secret")
+        }
+    }
+
+    static func readLegacySecret(directory: String) throws -> GroupSecret? {
+        let path = (directory as NSString).appendingPathComponent(legacySecretFile)
+        guard let text = try? String(contentsOfFile: path, encoding: .utf8) else { return nil }
+        return try GroupSecret(inviteCode: text.trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+
+    /// The device key and group of the store at `directory`, upgrading a store made by the
+    /// previous version: it gets a device key, and joins the group its shared secret determines
+    /// (docs/SECURITY.md, "Upgrading from a group secret"), or starts a group of its own if it
+    /// never had one.
+    static func setUp(_ store: ReplicaStore, directory: String) throws -> DeviceSetup {
+        let (key, _) = try DeviceKey.loadOrCreate(at: keyPath(directory))
+        let legacySecret = try readLegacySecret(directory: directory)
+        if let membership = try store.membership(), let groupID = GroupID(bytes: membership.groupID) {
+            var pending: PendingJoin?
+            if let inviter = membership.joinInviter.flatMap(DeviceID.init(bytes:)), let entry = membership.joinEntry {
+                pending = PendingJoin(inviter: inviter, entry: entry)
+                if store.state.roster(of: groupID).isActive(key.deviceID) {
+                    pending = nil
+                    try store.setMembership(GroupMembership(groupID: groupID.bytes))
+                }
+            }
+            try claimReplicaID(store, key: key, groupID: groupID)
+            return DeviceSetup(key: key, groupID: groupID, pendingJoin: pending, legacySecret: legacySecret)
+        }
+        let groupID: GroupID
+        if let legacySecret {
+            let legacy = LegacyGroupKey(groupSecret: legacySecret.bytes)
+            groupID = legacy.groupID
+            try store.write { state in
+                var roster = state.roster(of: groupID)
+                var delta = RecordMap.empty()
+                if roster.groupName == nil {
+                    let genesis = try RosterEntry.legacyGenesis(groupName: "\(state.name)'s group", timestamp: state.nextTimestamp(),
+                                                                legacyKey: legacy)
+                    delta.merge(state.write(genesis.fields, to: genesis.recordKey))
+                    roster = roster.adding([genesis])
+                }
+                let enrol = try RosterEntry.legacyEnrol(name: state.name, context: roster.context(for: key.deviceID, at: state.nextTimestamp()),
+                                                        device: key, legacyKey: legacy)
+                delta.merge(state.write(enrol.fields, to: enrol.recordKey))
+                return delta
+            }
+        } else {
+            // A library store from before groups: it starts a group of its own.
+            var genesisID: GroupID?
+            try store.write { state in
+                let genesis = try RosterEntry.genesis(groupName: "\(state.name)'s group", creatorName: state.name,
+                                                      timestamp: state.nextTimestamp(), creator: key)
+                genesisID = GroupID(bytes: genesis.id.bytes)
+                return state.write(genesis.fields, to: genesis.recordKey)
+            }
+            groupID = genesisID!
+        }
+        try store.setMembership(GroupMembership(groupID: groupID.bytes))
+        try claimReplicaID(store, key: key, groupID: groupID)
+        return DeviceSetup(key: key, groupID: groupID, pendingJoin: nil, legacySecret: legacySecret)
+    }
+
+    /// Makes sure the roster says this device writes as the store's current replica ID (a new
+    /// store, a new incarnation after a copy or restore).
+    static func claimReplicaID(_ store: ReplicaStore, key: DeviceKey, groupID: GroupID) throws {
+        let replica = store.replicaID
+        let roster = store.state.roster(of: groupID)
+        let claimed = roster.entries.values.contains { entry in
+            if case .writer(let id) = entry.payload { return id == replica && entry.signer == key.deviceID }
+            return false
+        }
+        guard !claimed else { return }
+        try store.write { state in
+            let roster = state.roster(of: groupID)
+            let entry = try RosterEntry.make(.writer(state.replicaID), context: roster.context(for: key.deviceID, at: state.nextTimestamp()),
+                                             signer: key)
+            return state.write(entry.fields, to: entry.recordKey)
+        }
+    }
+
+    // MARK: - The roster
+
+    /// The group's roster as this replica has it.
+    public nonisolated func roster() -> Roster { state.roster(of: groupID) }
+
+    /// This device's role, or nil if it is not (or no longer, or not yet) an active member.
+    public nonisolated var role: DeviceRole? { roster().role(of: deviceID) }
+
+    /// Resolves a device ID, its human form, or a unique prefix of it.
+    public nonisolated func device(matching text: String) throws(DeviceAdministrationError) -> Roster.Device {
+        let roster = self.roster()
+        let wanted = text.uppercased().filter { $0 != "-" && !$0.isWhitespace }
+        let matches = roster.devices.values.filter { $0.id.humanForm.filter { $0 != "-" }.hasPrefix(wanted) }
+        guard !wanted.isEmpty, let first = matches.first else { throw .unknownDevice(text) }
+        guard matches.count == 1 else { throw .ambiguousDevice(text, matches: matches.map(\.id.shortForm).sorted()) }
+        return first
+    }
+
+    /// Writes a roster entry signed by this device, after checking it has the right.
+    private func writeRosterEntry(adminOnly: Bool, _ build: (Roster, RosterEntryContext) throws -> RosterEntry) async throws {
+        let key = deviceKey
+        let group = groupID
+        try await commit { state in
+            let roster = state.roster(of: group)
+            guard !roster.isRemoved(key.deviceID) else { throw DeviceAdministrationError.removed }
+            if adminOnly, roster.role(of: key.deviceID) != .admin {
+                throw DeviceAdministrationError.notAdmin(role: roster.role(of: key.deviceID)?.description ?? "device still joining")
+            }
+            let entry = try build(roster, roster.context(for: key.deviceID, at: state.nextTimestamp()))
+            return state.write(entry.fields, to: entry.recordKey)
+        }
+    }
+
+    /// An invite code that lets one new device join once, before `expires` from now, with `role`.
+    /// Admins only.
+    public func invite(role: DeviceRole = .member, expires: Duration = .seconds(24 * 3600)) async throws -> InviteCode {
+        let token = InviteToken.generate()
+        let expiresAt = HybridLogicalClock.wallClock() + UInt64(max(0, expires.wholeMilliseconds))
+        try await writeRosterEntry(adminOnly: true) { _, context in
+            try RosterEntry.make(.invite(token.hash, role: role, expiresAt: expiresAt), context: context, signer: deviceKey)
+        }
+        return InviteCode(groupID: groupID, inviter: deviceID, token: token)
+    }
+
+    /// Revokes an unused invite (by its code). Admins only.
+    public func revokeInvite(_ code: InviteCode) async throws {
+        try await writeRosterEntry(adminOnly: true) { _, context in
+            try RosterEntry.make(.revokeInvite(code.token.hash), context: context, signer: deviceKey)
+        }
+    }
+
+    /// Removes a device from the group, for good: every node that learns of it closes its
+    /// sessions with that device, refuses new ones, and drops what it writes from now on. What it
+    /// wrote before (as far as this device has seen) stays. Admins only.
+    public func removeDevice(_ device: DeviceID) async throws {
+        let roster = self.roster()
+        guard roster.devices[device] != nil else { throw DeviceAdministrationError.unknownDevice(device.shortForm) }
+        guard roster.isActive(device) else { throw DeviceAdministrationError.alreadyRemoved(device.shortForm) }
+        try await writeRosterEntry(adminOnly: true) { roster, context in
+            try RosterEntry.make(roster.removal(of: device, seen: state.context), context: context, signer: deviceKey)
+        }
+    }
+
+    /// Renames a device (this one, or any as an admin).
+    public func renameDevice(_ device: DeviceID, to name: String) async throws {
+        guard roster().devices[device] != nil else { throw DeviceAdministrationError.unknownDevice(device.shortForm) }
+        try await writeRosterEntry(adminOnly: device != deviceID) { _, context in
+            try RosterEntry.make(.rename(device: device, name: name), context: context, signer: deviceKey)
+        }
+    }
+
+    /// Closes an upgraded group to its old shared secret: legacy enrolments made after this no
+    /// longer count. Do it once every device has upgraded. Admins only.
+    public func closeLegacyEnrolment() async throws {
+        guard roster().entries.values.contains(where: { $0.kind == .legacyGenesis }), !roster().isLegacyEnrolmentClosed else {
+            throw DeviceAdministrationError.noLegacyEnrolment
+        }
+        try await writeRosterEntry(adminOnly: true) { roster, context in
+            try RosterEntry.make(roster.closingLegacyEnrolment(), context: context, signer: deviceKey)
+        }
+    }
+}
