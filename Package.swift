@@ -28,7 +28,8 @@ let package = Package(
         .target(name: "PeerSyncModel", dependencies: ["PeerSyncCRDT"]),
         .target(
             name: "PeerSyncStore",
-            dependencies: ["PeerSyncCRDT", "PeerSyncModel", .product(name: "GRDB", package: "GRDB.swift")]
+            dependencies: ["PeerSyncCRDT", "PeerSyncModel", .product(name: "GRDB", package: "GRDB.swift"),
+                           .product(name: "Crypto", package: "swift-crypto")]
         ),
         // DNS-SD C API; on Linux Avahi's Bonjour compatibility library (on Apple platforms: the system's dnssd).
         .systemLibrary(
