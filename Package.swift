@@ -114,6 +114,14 @@ let package = Package(
             name: "PeerSyncStoreTests",
             dependencies: ["PeerSyncStore", "PeerSyncModel", "PeerSyncCRDT", "PeerSyncTestSupport", "peersync-store-child"]
         ),
+        // Live queries, the observable model, batches, references, conflicts and attachments;
+        // the child writes batches (killed with SIGKILL) and plays "another process".
+        .executableTarget(name: "peersync-app-child", dependencies: ["PeerSync"], path: "Tests/AppChild"),
+        .testTarget(
+            name: "PeerSyncAppTests",
+            dependencies: ["PeerSync", "PeerSyncWire", "PeerSyncTestSupport", "peersync-app-child",
+                           .product(name: "Logging", package: "swift-log"), .product(name: "Crypto", package: "swift-crypto")]
+        ),
         .executableTarget(
             name: "peersync-discovery-probe",
             dependencies: ["PeerSyncDiscovery", "PeerSyncCRDT"],
