@@ -79,6 +79,8 @@ let package = Package(
         .executableTarget(name: "example-settings", dependencies: ["PeerSync"], path: "Examples/SettingsScopes"),
         .executableTarget(name: "example-app-streams", dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
                           path: "Examples/AppStreams"),
+        .executableTarget(name: "example-observable-app", dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
+                          path: "Examples/ObservableApp"),
         .target(name: "PeerSyncTestSupport", dependencies: ["PeerSyncCRDT"], path: "Tests/PeerSyncTestSupport"),
         .testTarget(name: "PeerSyncCRDTTests", dependencies: ["PeerSyncCRDT", "PeerSyncTestSupport"]),
         .testTarget(name: "PeerSyncModelTests", dependencies: ["PeerSyncModel", "PeerSyncCRDT", "PeerSyncTestSupport"]),
