@@ -9,7 +9,8 @@ import PackageDescription
 //   PeerSyncCRDT      — value-type CRDTs: clocks, dots, causal context, registers, sets, record map
 let package = Package(
     name: "PeerSync",
-    platforms: [.macOS(.v14)],
+    // Synchronization.Mutex (store, engine, sessions) needs macOS 15 / iOS 18.
+    platforms: [.macOS(.v15), .iOS(.v18)],
     products: [
         .library(name: "PeerSync", targets: ["PeerSync"]),
         .executable(name: "peersync", targets: ["peersync"]),
