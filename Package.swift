@@ -72,7 +72,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "PeerSyncBenchmarks",
-            dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log"), .product(name: "Crypto", package: "swift-crypto")],
             path: "Benchmarks/PeerSyncBenchmarks"
         ),
         .executableTarget(name: "example-shift-scheduler", dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
