@@ -9,6 +9,8 @@ import PeerSync
 //                                         deletion of batch n-1's marker; prints "committed <n>" after each
 //   peersync-app-child write DIR COUNT MS  COUNT shift types titled "child <i>", one commit each, MS
 //                                         milliseconds apart; prints "committed <uuid>" after each
+//   peersync-app-child attach DIR         forever: adds 1 MiB attachments of random bytes; prints
+//                                         "added <hex sha256>" after each
 func say(_ line: String) { FileHandle.standardOutput.write(Data((line + "\n").utf8)) }  // unbuffered
 func fail(_ message: String) -> Never {
     FileHandle.standardError.write(Data("peersync-app-child: \(message)\n".utf8))
@@ -49,8 +51,16 @@ do {
             if interval > 0 { try await Task.sleep(for: .milliseconds(interval)) }
         }
         say("done")
+    case (3, "attach"):
+        let replica = try Replica.open(at: arguments[2], name: "attach child", logger: logger)
+        var generator = SystemRandomNumberGenerator()
+        while true {
+            let bytes = Data((0..<(1 << 20)).map { _ in UInt8.random(in: 0...255, using: &generator) })
+            let attachment = try await replica.addAttachment(bytes)
+            say("added \(attachment.contentHash.hex)")
+        }
     default:
-        fail("usage: peersync-app-child batch DIR SIZE | write DIR COUNT MS")
+        fail("usage: peersync-app-child batch DIR SIZE | write DIR COUNT MS | attach DIR")
     }
 } catch {
     fail("\(error)")

@@ -136,6 +136,39 @@ struct AttachmentStoreTests {
         #expect(replica.attachmentStore.partialSize(of: remote.contentHash) == 3)
     }
 
+    @Test("SIGKILL while adding: every file under a hash name holds exactly those bytes", arguments: 0..<4)
+    func killNineWhileAdding(trial: Int) async throws {
+        let directory = try makeTemporaryDirectory("peersync-attach-kill")
+        defer { removeTemporaryDirectory(directory) }
+        _ = try ReplicaStore.create(directory: directory, name: "victim")
+        var rng = SeededGenerator(seed: baseSeed &+ 2_000 &+ UInt64(trial))
+        let killAfter = Int.random(in: 1...4, using: &rng)
+        let extra = Int.random(in: 0...60, using: &rng)
+        let child = try ChildProcess(buildProductsDirectory().appendingPathComponent("peersync-app-child").path, ["attach", directory])
+        var reported: [String] = []
+        let deadline = ContinuousClock.now + .seconds(120)
+        while reported.count < killAfter, let line = child.readLine(until: deadline) {
+            if line.hasPrefix("added ") { reported.append(String(line.dropFirst(6))) }
+        }
+        let killAt = ContinuousClock.now + .milliseconds(extra)
+        while ContinuousClock.now < killAt {
+            if let line = child.readLine(until: killAt), line.hasPrefix("added ") { reported.append(String(line.dropFirst(6))) }
+        }
+        child.kill(SIGKILL)
+        while let line = child.readLine(until: .now + .seconds(5)) {
+            if line.hasPrefix("added ") { reported.append(String(line.dropFirst(6))) }
+        }
+        #expect(reported.count >= killAfter)
+        let files = AttachmentStore(storeDirectory: directory)
+        let stored = files.storedHashes()
+        // Every reported attachment is there, and nothing under a hash name is torn.
+        #expect(Set(reported).isSubset(of: Set(stored.map(\.hex))))
+        for hash in stored {
+            let data = try #require(try files.data(for: hash))
+            #expect(sha256(data) == hash, "torn file \(hash.hex)")
+        }
+    }
+
     @Test("a crash between writing and renaming leaves no file under the final name")
     func noTornFiles() async throws {
         let app = try TestApp("torn")

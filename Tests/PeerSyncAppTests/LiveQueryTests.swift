@@ -72,6 +72,35 @@ struct LiveQueryTests {
         #expect(titles(try #require(try await iterator.next())).last == "B")
     }
 
+    @Test("settings: one key and a whole scope, synced and local, each emitted only when it changes")
+    func settings() async throws {
+        let app = try TestApp("settings")
+        defer { Task { await app.close() } }
+        let replica = app.replica
+        let weekStart = Recorder(replica.observeSetting(SettingKey.weekStart, scope: .synced))
+        let synced = Recorder(replica.observeSettings(scope: .synced))
+        let power = Recorder(replica.observeSetting(SettingKey.powerMode, scope: .local))
+        #expect(await weekStart.wait(count: 1))
+        #expect(await synced.wait(count: 1))
+        #expect(await power.wait(count: 1))
+        try await replica.setSetting(SettingKey.weekStart, to: 1, scope: .synced)
+        try await replica.setSetting(SettingKey.retentionDays, to: 30, scope: .synced)
+        try await replica.setSetting(SettingKey.powerMode, to: "low", scope: .local)
+        #expect(await weekStart.wait { $0 == 1 })
+        #expect(await synced.wait { $0 == [SettingKey.weekStart: 1, SettingKey.retentionDays: 30] })
+        #expect(await power.wait { $0 == "low" })
+        // Another synced key and a record change do not touch weekStart or powerMode.
+        let rounds = replica.appSupport.observationRounds
+        try await replica.setSetting(SettingKey.retentionDays, to: 31, scope: .synced)
+        try await replica.save(Location(name: "elsewhere"))
+        #expect(await synced.wait { $0[SettingKey.retentionDays] == 31 })
+        #expect(await waitForRounds(replica, after: rounds, rounds: 2))  // weekStart looked, and synced
+        try await replica.setSetting(SettingKey.weekStart, to: nil, scope: .synced)
+        #expect(await weekStart.wait { $0 == nil })
+        #expect(weekStart.all == [nil, 1, nil])
+        #expect(power.all == [nil, "low"])
+    }
+
     @Test("the incremental result always equals the query evaluated from scratch", arguments: 0..<3)
     func incrementalEqualsFromScratch(seed: Int) async throws {
         let app = try TestApp("random")
