@@ -9,7 +9,8 @@ import PackageDescription
 //   PeerSyncCRDT      — value-type CRDTs: clocks, dots, causal context, registers, sets, record map
 let package = Package(
     name: "PeerSync",
-    platforms: [.macOS(.v14)],
+    // Synchronization.Mutex (store, engine, sessions) needs macOS 15 / iOS 18.
+    platforms: [.macOS(.v15), .iOS(.v18)],
     products: [
         .library(name: "PeerSync", targets: ["PeerSync"]),
         .executable(name: "peersync", targets: ["peersync"]),
@@ -30,7 +31,8 @@ let package = Package(
         .target(name: "PeerSyncModel", dependencies: ["PeerSyncCRDT"]),
         .target(
             name: "PeerSyncStore",
-            dependencies: ["PeerSyncCRDT", "PeerSyncModel", .product(name: "GRDB", package: "GRDB.swift")]
+            dependencies: ["PeerSyncCRDT", "PeerSyncModel", .product(name: "GRDB", package: "GRDB.swift"),
+                           .product(name: "Crypto", package: "swift-crypto")]
         ),
         // DNS-SD C API; on Linux Avahi's Bonjour compatibility library (on Apple platforms: the system's dnssd).
         .systemLibrary(
@@ -84,7 +86,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "PeerSyncBenchmarks",
-            dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log"), .product(name: "Crypto", package: "swift-crypto")],
             path: "Benchmarks/PeerSyncBenchmarks"
         ),
         .executableTarget(name: "example-shift-scheduler", dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
@@ -94,6 +96,8 @@ let package = Package(
                           path: "Examples/InMemoryPipe"),
         .executableTarget(name: "example-app-streams", dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
                           path: "Examples/AppStreams"),
+        .executableTarget(name: "example-observable-app", dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
+                          path: "Examples/ObservableApp"),
         .target(name: "PeerSyncTestSupport", dependencies: ["PeerSyncCRDT", .product(name: "Logging", package: "swift-log")],
                 path: "Tests/PeerSyncTestSupport"),
         .testTarget(name: "PeerSyncCRDTTests", dependencies: ["PeerSyncCRDT", "PeerSyncTestSupport"]),
@@ -138,6 +142,14 @@ let package = Package(
         .testTarget(
             name: "PeerSyncStoreTests",
             dependencies: ["PeerSyncStore", "PeerSyncModel", "PeerSyncCRDT", "PeerSyncTestSupport", "peersync-store-child"]
+        ),
+        // Live queries, the observable model, batches, references, conflicts and attachments;
+        // the child writes batches (killed with SIGKILL) and plays "another process".
+        .executableTarget(name: "peersync-app-child", dependencies: ["PeerSync"], path: "Tests/AppChild"),
+        .testTarget(
+            name: "PeerSyncAppTests",
+            dependencies: ["PeerSync", "PeerSyncWire", "PeerSyncTestSupport", "peersync-app-child",
+                           .product(name: "Logging", package: "swift-log"), .product(name: "Crypto", package: "swift-crypto")]
         ),
         .executableTarget(
             name: "peersync-discovery-probe",

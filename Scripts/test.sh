@@ -37,7 +37,7 @@ if [ "$status" -ne 0 ]; then
 fi
 
 echo "== examples"
-for example in example-shift-scheduler example-settings example-app-streams example-in-memory-pipe; do
+for example in example-shift-scheduler example-settings example-app-streams example-in-memory-pipe example-observable-app; do
   echo "-- $example"
   timeout 120 swift run --skip-build "$example"
 done

@@ -11,7 +11,12 @@ enum Usage {
     /// User + system CPU seconds of this process (`RUSAGE_SELF`) or of its waited-for children.
     static func cpuSeconds(children: Bool = false) -> Double {
         var usage = rusage()
-        guard getrusage(children ? RUSAGE_CHILDREN.rawValue : RUSAGE_SELF.rawValue, &usage) == 0 else { return 0 }
+        #if canImport(Glibc)
+        let who = children ? RUSAGE_CHILDREN.rawValue : RUSAGE_SELF.rawValue
+        #else
+        let who = children ? RUSAGE_CHILDREN : RUSAGE_SELF
+        #endif
+        guard getrusage(who, &usage) == 0 else { return 0 }
         func seconds(_ t: timeval) -> Double { Double(t.tv_sec) + Double(t.tv_usec) / 1e6 }
         return seconds(usage.ru_utime) + seconds(usage.ru_stime)
     }

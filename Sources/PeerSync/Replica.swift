@@ -95,6 +95,8 @@ public actor Replica {
     private var peerNames: [ReplicaID: String] = [:]
     private nonisolated let changeSubscribers = Broadcaster<ReplicaChange>()
     private nonisolated let statusSubscribers = Broadcaster<SyncStatus>()
+    /// Live observations, peer names and attachments (Replica+Observation.swift and neighbours).
+    nonisolated let appSupport = AppSupport()
 
     /// Opens the replica at `directory`, creating it (named `name`, default the host name) with a
     /// new group of which this device is the first admin if there is none. Fast, never touches
@@ -171,6 +173,13 @@ public actor Replica {
     public func commit(_ body: (inout ReplicaState) throws -> RecordMap?) async throws {
         guard let delta = try store.write(body) else { return }
         await replicator?.broadcast(delta)
+        publish(ReplicaChange(origin: .local, records: Set(delta.allRecords.map(\.0))))
+    }
+
+    /// Ships a delta already committed to the store by this process (a ``batch(_:)``
+    /// made on the caller's actor) and publishes it as a local change.
+    func shipCommitted(_ delta: RecordMap) async {
+        await node?.broadcast(delta)
         publish(ReplicaChange(origin: .local, records: Set(delta.allRecords.map(\.0))))
     }
 

@@ -29,6 +29,8 @@ public final class ReplicaStore: Sendable {
     private let observer: DatabaseQueue
     let inner: Mutex<Inner>
     let physicalClock: HybridLogicalClock.PhysicalClock
+    /// Every state change, in commit order, for live queries and other observers.
+    public let commits = CommitFeed()
 
     struct Inner: Sendable {
         var state: ReplicaState
@@ -257,7 +259,9 @@ public final class ReplicaStore: Sendable {
                 inner.absorbed = []
                 if version != inner.dataVersion {
                     inner.dataVersion = version
-                    changes += try pool.read { db in try self.catchUp(db, &inner.state, &inner.position) }
+                    let joined = try pool.read { db in try self.catchUp(db, &inner.state, &inner.position) }
+                    if !joined.isEmpty { commits.publish(state: inner.state, absorbed: joined, deltas: []) }
+                    changes += joined
                 }
                 return changes
             }
@@ -326,6 +330,7 @@ public final class ReplicaStore: Sendable {
             inner.state = ReplicaState(replicaID: state.replicaID, name: state.name)
             var position = inner.position
             var absorbed: [StoreChange] = []
+            var committed: [RecordMap] = []
             let result: T
             do {
                 result = try run { db in
@@ -333,6 +338,7 @@ public final class ReplicaStore: Sendable {
                     let conflictsBefore = state.conflicts.totalRecorded
                     let localBefore = state.localSettings
                     let (result, deltas) = try body(&state)
+                    committed = deltas
                     let newConflicts = state.conflicts.entries.suffix(min(state.conflicts.totalRecorded - conflictsBefore,
                                                                           state.conflicts.entries.count))
                     try persist(db, state: state, deltas: deltas, localBefore: localBefore,
@@ -345,9 +351,11 @@ public final class ReplicaStore: Sendable {
                 // The position stays where it was, so the next refresh() still reports (and the
                 // node still ships) other processes' commits joined into this reloaded state.
                 inner.state = (try? pool.read { db in try Self.loadState(db, physicalClock: physicalClock) }) ?? state
+                if !absorbed.isEmpty { commits.publish(state: inner.state, absorbed: absorbed, deltas: []) }
                 throw error
             }
             inner.state = state
+            commits.publish(state: state, absorbed: absorbed, deltas: committed)
             inner.position = position
             inner.absorbed += absorbed
             inner.commitsSincePrune += 1

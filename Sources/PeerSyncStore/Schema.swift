@@ -7,7 +7,7 @@ import GRDB
 /// replica       one row: identity, name, clock floor, causal context (blob)
 /// record        one row per record: (collection, id) → visible flag + RecordState blob
 /// localSetting  device-local settings, never synced
-/// conflict      the conflict log (bounded)
+/// conflict      the conflict log (bounded); `resolved` marks entries an app settled (v2)
 /// journal       every committed change as a delta blob, for other processes and `peersync log`
 /// incarnation   every replica ID this store has written with, and why it changed
 /// ```
@@ -67,6 +67,12 @@ enum Schema {
                 t.add(column: "groupID", .blob)
                 t.add(column: "joinInviter", .blob)
                 t.add(column: "joinEntry", .blob)
+            }
+        }
+        // An app marks conflicts it has shown or settled; the flag is local, like the log.
+        migrator.registerMigration("2026-11-24 v4: conflict.resolved") { db in
+            try db.alter(table: ConflictRow.databaseTableName) { t in
+                t.add(column: "resolved", .boolean).notNull().defaults(to: false)
             }
         }
         return migrator

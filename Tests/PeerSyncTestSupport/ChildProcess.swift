@@ -6,6 +6,10 @@ import Glibc
 import Darwin
 #endif
 
+// The C calls under names the methods below do not shadow (`kill(_:)` is one of them).
+private func systemKill(_ pid: pid_t, _ signal: Int32) -> Int32 { kill(pid, signal) }
+private func systemRead(_ fd: Int32, _ buffer: UnsafeMutableRawPointer?, _ count: Int) -> Int { read(fd, buffer, count) }
+
 /// A child process whose standard output a test reads line by line, with deadlines.
 /// Stop it with ``kill(_:)`` or ``wait(timeout:)``; `deinit` kills it if it still runs.
 public final class ChildProcess: @unchecked Sendable {
@@ -38,7 +42,7 @@ public final class ChildProcess: @unchecked Sendable {
 
     deinit {
         if process.isRunning {
-            Glibc.kill(process.processIdentifier, SIGKILL)
+            _ = systemKill(process.processIdentifier, SIGKILL)
             process.waitUntilExit()
         }
     }
@@ -61,7 +65,7 @@ public final class ChildProcess: @unchecked Sendable {
             let ready = poll(&pfd, 1, max(ms, 1))
             if ready > 0 {
                 var chunk = [UInt8](repeating: 0, count: 65_536)
-                let n = Glibc.read(pfd.fd, &chunk, chunk.count)
+                let n = systemRead(pfd.fd, &chunk, chunk.count)
                 if n <= 0 { eof = true } else { buffer.append(contentsOf: chunk[0..<n]) }
             }
         }
@@ -69,7 +73,7 @@ public final class ChildProcess: @unchecked Sendable {
 
     /// Sends `signal` and reaps the process.
     public func kill(_ signal: Int32 = SIGKILL) {
-        Glibc.kill(process.processIdentifier, signal)
+        _ = systemKill(process.processIdentifier, signal)
         process.waitUntilExit()
     }
 

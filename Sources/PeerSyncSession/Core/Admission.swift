@@ -2,6 +2,7 @@ import PeerSyncCRDT
 import PeerSyncIdentity
 import PeerSyncModel
 import PeerSyncWire
+import Synchronization
 
 /// This node's device in its group: the key it signs with and the group it belongs to.
 public struct LocalIdentity: Sendable {
@@ -118,8 +119,25 @@ extension ReplicaState {
     /// are left out (they were refused on receipt; a local store can only hold them if damaged).
     public func roster(of group: GroupID) -> Roster {
         let entries = records.records(in: RosterEntry.collection).compactMap { id, state in
-            try? RosterEntry(recordID: id, fields: state.values)
+            RosterEntryCache.shared.entry(id: id, fields: state.values)
         }
         return Roster(groupID: group, entries: entries)
+    }
+}
+
+/// Decoded roster entries by record ID: decoding checks an ECDSA signature, and the roster is
+/// evaluated often (every change of it, every bundle), so each entry is decoded once per process.
+final class RosterEntryCache: Sendable {
+    static let shared = RosterEntryCache()
+    private let entries = Mutex<[UUID: RosterEntry]>([:])
+
+    func entry(id: UUID, fields: [String: FieldValue]) -> RosterEntry? {
+        if let cached = entries.withLock({ $0[id] }), fields == cached.fields { return cached }
+        guard let entry = try? RosterEntry(recordID: id, fields: fields) else { return nil }
+        entries.withLock { cache in
+            if cache.count > 100_000 { cache.removeAll() }  // bounded: a roster is far smaller
+            cache[id] = entry
+        }
+        return entry
     }
 }

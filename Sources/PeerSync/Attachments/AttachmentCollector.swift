@@ -1,0 +1,175 @@
+import Foundation
+import Logging
+import PeerSyncCRDT
+import PeerSyncModel
+import PeerSyncStore
+import Synchronization
+
+/// Knows which attachments live records reference, and deletes the bytes of those no live
+/// record references any more.
+///
+/// It indexes every visible record's attachments once (O(records)), then follows the store's
+/// commit feed and looks only at the records each commit touched: an attachment whose last
+/// reference goes away is deleted at once if its file is older than the grace period (a file
+/// just added is usually about to be referenced by the record being saved).
+final class AttachmentCollector: Sendable {
+    let files: AttachmentStore
+    private let store: ReplicaStore
+    private let logger: Logger
+
+    private struct State {
+        var byRecord: [RecordKey: Set<Attachment>] = [:]
+        var counts: [AttachmentHash: Int] = [:]
+        var attachments: [AttachmentHash: Attachment] = [:]
+        var task: Task<Void, Never>?
+        var gracePeriod: Duration = .seconds(600)
+        var purged = 0
+    }
+    private let state = Mutex(State())
+
+    init(store: ReplicaStore, logger: Logger) {
+        self.store = store
+        files = AttachmentStore(storeDirectory: store.directory)
+        self.logger = logger
+    }
+
+    var gracePeriod: Duration {
+        get { state.withLock { $0.gracePeriod } }
+        set { state.withLock { $0.gracePeriod = newValue } }
+    }
+
+    /// How many attachments the collector deleted after commits (for tests and diagnostics).
+    var purgedAfterCommits: Int { state.withLock { $0.purged } }
+
+    /// Indexes the current state and starts following commits.
+    func start() {
+        let subscription = store.commits.subscribe(CommitInterest(collections: nil))
+        let (snapshot, sequence) = store.consistentSnapshot()
+        let pending = subscription.drain()
+        if pending.newestSequence > sequence { subscription.requeue(pending) }
+        state.withLock { s in
+            s.byRecord = [:]
+            s.counts = [:]
+            s.attachments = [:]
+            for (key, raw) in snapshot.records.allRecords where raw.isVisible {
+                let found = Attachment.referenced(in: raw.values)
+                if !found.isEmpty { Self.set(key, found, in: &s) }
+            }
+        }
+        let task = Task.detached { [weak self, store] in
+            while await subscription.waitForChanges() {
+                let (snapshot, sequence) = store.consistentSnapshot()
+                let pending = subscription.drain()
+                guard let self else { return }
+                let unreferenced = self.apply(pending, snapshot)
+                if pending.newestSequence > sequence { subscription.requeue(pending) }
+                if !unreferenced.isEmpty { self.delete(unreferenced) }
+            }
+        }
+        state.withLock { $0.task = task }
+    }
+
+    func stop() {
+        state.withLock { $0.task?.cancel() }
+    }
+
+    deinit { stop() }
+
+    /// Updates the index from the records `changes` touched; returns the hashes that lost
+    /// their last reference.
+    private func apply(_ changes: PendingChanges, _ snapshot: ReplicaState) -> [AttachmentHash] {
+        state.withLock { s in
+            var dropped: Set<AttachmentHash> = []
+            if changes.reload {
+                let before = Set(s.counts.keys)
+                s.byRecord = [:]
+                s.counts = [:]
+                s.attachments = [:]
+                for (key, raw) in snapshot.records.allRecords where raw.isVisible {
+                    let found = Attachment.referenced(in: raw.values)
+                    if !found.isEmpty { Self.set(key, found, in: &s) }
+                }
+                dropped = before.subtracting(s.counts.keys)
+            } else {
+                for key in changes.keys {
+                    let raw = snapshot.records.record(key)
+                    let found = raw.map { $0.isVisible ? Attachment.referenced(in: $0.values) : [] } ?? []
+                    dropped.formUnion(Self.set(key, found, in: &s))
+                }
+            }
+            return dropped.filter { s.counts[$0] == nil }.sorted()
+        }
+    }
+
+    /// Makes `found` the attachments of `key`; returns hashes whose count fell to zero.
+    @discardableResult
+    private static func set(_ key: RecordKey, _ found: Set<Attachment>, in s: inout State) -> [AttachmentHash] {
+        let old = s.byRecord[key] ?? []
+        guard old != found else { return [] }
+        var dropped: [AttachmentHash] = []
+        for attachment in old.subtracting(found) {
+            let hash = attachment.contentHash
+            s.counts[hash, default: 1] -= 1
+            if s.counts[hash]! <= 0 {
+                s.counts[hash] = nil
+                s.attachments[hash] = nil
+                dropped.append(hash)
+            }
+        }
+        for attachment in found.subtracting(old) {
+            s.counts[attachment.contentHash, default: 0] += 1
+            s.attachments[attachment.contentHash] = attachment
+        }
+        s.byRecord[key] = found.isEmpty ? nil : found
+        return dropped
+    }
+
+    /// Deletes the bytes of `hashes` that are still unreferenced and older than the grace period.
+    private func delete(_ hashes: [AttachmentHash]) {
+        let grace = gracePeriod
+        for hash in hashes where !isReferenced(hash) {
+            guard isOlder(files.modificationDate(of: hash) ?? files.partialModificationDate(of: hash), than: grace) else { continue }
+            if files.remove(hash) {
+                state.withLock { $0.purged += 1 }
+                logger.debug("deleted an attachment no live record references", metadata: ["attachment.hash": "\(hash.hex)"])
+            }
+        }
+    }
+
+    private func isOlder(_ date: Date?, than grace: Duration) -> Bool {
+        guard let date else { return true }
+        let seconds = Double(grace.components.seconds) + Double(grace.components.attoseconds) / 1e18
+        return Date().timeIntervalSince(date) >= seconds
+    }
+
+    /// Whether some live record references `hash` (as of the last commit looked at).
+    func isReferenced(_ hash: AttachmentHash) -> Bool {
+        state.withLock { $0.counts[hash] != nil }
+    }
+
+    /// Every attachment live records reference (as of the last commit looked at).
+    func referencedAttachments() -> [Attachment] {
+        state.withLock { Array($0.attachments.values) }.sorted { $0.contentHash < $1.contentHash }
+    }
+
+    /// A full sweep: deletes every stored, partial or temporary file that no visible record of
+    /// the current state references and that is older than `grace`. Returns the hashes deleted.
+    func purge(olderThan grace: Duration) -> [AttachmentHash] {
+        let snapshot = store.state
+        var live: Set<AttachmentHash> = []
+        for (_, raw) in snapshot.records.allRecords where raw.isVisible {
+            for attachment in Attachment.referenced(in: raw.values) { live.insert(attachment.contentHash) }
+        }
+        var deleted: [AttachmentHash] = []
+        for hash in files.storedHashes() where !live.contains(hash) && !isReferenced(hash) {
+            if isOlder(files.modificationDate(of: hash), than: grace), files.remove(hash) { deleted.append(hash) }
+        }
+        for hash in files.partialFiles().keys where !live.contains(hash) && !isReferenced(hash) {
+            if isOlder(files.partialModificationDate(of: hash), than: grace) { files.discardPartial(hash) }
+        }
+        for leftover in files.leftoverTemporaryFiles() where isOlder(leftover.modified, than: grace) {
+            try? FileManager.default.removeItem(atPath: leftover.path)
+        }
+        return deleted
+    }
+}

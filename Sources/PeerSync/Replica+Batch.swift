@@ -1,0 +1,121 @@
+import Foundation
+import PeerSyncCRDT
+import PeerSyncModel
+
+/// The writes of one ``Replica/batch(_:)``: they commit together in one SQLite transaction and
+/// reach peers as one delta, or — if the body throws — not at all.
+///
+/// Reads through the batch see its own earlier writes. Use it only inside the closure it is
+/// given; afterwards every method throws ``BatchError/closed``.
+public final class ReplicaBatch {
+    private var state: ReplicaState
+    private var delta: RecordMap?
+    private var isOpen = true
+    /// Number of writes that changed something.
+    public private(set) var changeCount = 0
+
+    fileprivate init(state: ReplicaState) {
+        self.state = state
+    }
+
+    private func check() throws {
+        guard isOpen else { throw BatchError.closed }
+    }
+
+    private func add(_ change: RecordMap?) {
+        guard let change else { return }
+        changeCount += 1
+        if delta == nil { delta = change } else { delta!.merge(change) }
+    }
+
+    /// Saves `record` (creating or updating it; only changed fields are written).
+    public func save<Record: SyncRecord>(_ record: Record) throws {
+        try check()
+        add(try state.save(record))
+    }
+
+    /// Deletes the record of `type` with `id`. Returns false if there was no such record.
+    @discardableResult
+    public func delete<Record: SyncRecord>(_ type: Record.Type, id: UUID) throws -> Bool {
+        try check()
+        let change = state.delete(type, id: id)
+        add(change)
+        return change != nil
+    }
+
+    /// Deletes `record`. Returns false if it did not exist.
+    @discardableResult
+    public func delete<Record: SyncRecord>(_ record: Record) throws -> Bool {
+        try delete(Record.self, id: record.id)
+    }
+
+    /// Sets (or with nil, unsets) a setting.
+    public func setSetting(_ key: String, to value: FieldValue?, scope: SettingScope) throws {
+        try check()
+        add(state.setSetting(key, to: value, scope: scope))
+    }
+
+    /// The record of `type` with `id` as the batch has it so far.
+    public func fetch<Record: SyncRecord>(_ type: Record.Type, id: UUID) throws -> Record? {
+        try check()
+        return try state.fetch(type, id: id)
+    }
+
+    /// All records of `type` as the batch has them so far.
+    public func fetchAll<Record: SyncRecord>(_ type: Record.Type) throws -> [Record] {
+        try check()
+        return try state.fetchAll(type)
+    }
+
+    /// Moves the state in, runs `body`, and moves the state back out (without copying it).
+    fileprivate static func run<T>(_ state: inout ReplicaState, _ body: (ReplicaBatch) throws -> T) throws -> (T, RecordMap?) {
+        var taken = ReplicaState(replicaID: state.replicaID, name: state.name)
+        swap(&taken, &state)
+        let batch = ReplicaBatch(state: taken)
+        defer {
+            batch.isOpen = false
+            swap(&batch.state, &state)
+        }
+        let result = try body(batch)
+        return (result, batch.delta)
+    }
+}
+
+/// Misuse of a ``ReplicaBatch``.
+public enum BatchError: Error, Equatable, CustomStringConvertible {
+    /// The batch was used after its closure returned.
+    case closed
+
+    /// One line that says what to do.
+    public var description: String {
+        "a batch was used after its closure returned; make every write inside the closure given to batch { … }"
+    }
+}
+
+extension Replica {
+    /// Runs several saves, deletes and setting changes as one commit: one SQLite transaction
+    /// and one delta to peers (the writes' deltas joined). If `body` throws, nothing is written
+    /// and the error comes out of `batch`. Returns what `body` returns.
+    ///
+    /// ```swift
+    /// try await replica.batch { b in
+    ///     for book in imported { try b.save(book) }
+    ///     try b.delete(Book.self, id: duplicate)
+    /// }
+    /// ```
+    ///
+    /// `body` and the transaction run on the caller's actor (so the closure may use its state;
+    /// from the main actor, a large import blocks the UI while it commits: run those from a
+    /// background task). Live observations see the whole batch at once, never part of it.
+    @discardableResult
+    public nonisolated(nonsending) func batch<T>(_ body: (ReplicaBatch) throws -> T) async throws -> T {
+        var result: T?
+        let delta = try store.write { state in
+            let (value, delta) = try ReplicaBatch.run(&state, body)
+            result = value
+            return delta
+        }
+        if let delta { await shipCommitted(delta) }
+        return result!
+    }
+}

@@ -1,0 +1,114 @@
+import Foundation
+import PeerSyncCRDT
+import PeerSyncModel
+import PeerSyncStore
+
+/// One concurrent overwrite, ready for a message like "Anna's change to the title was replaced
+/// by Ben's": which record and field, both values with who wrote them and when, and whether
+/// the app marked it resolved.
+public struct ReplicaConflict: Identifiable, Hashable, Sendable {
+    /// One side of a conflict: a value and its write.
+    public struct Write: Hashable, Sendable {
+        /// The value written.
+        public let value: FieldValue
+        /// The replica that wrote it.
+        public let writer: ReplicaID
+        /// That replica's name, if this replica knows it (its own name, names of peers it has
+        /// received changes from, or names given with ``Replica/setPeerName(_:for:)``).
+        public let writerName: String?
+        /// The write's hybrid timestamp (decides who wins: the later one).
+        public let timestamp: HLCTimestamp
+
+        /// The write's wall-clock time (the timestamp's physical part).
+        public var writtenAt: Date { Date(hybridTimestamp: timestamp) }
+    }
+
+    /// Stable and unique in this replica's store; pass it to ``Replica/resolveConflict(_:)``.
+    public let id: Int64
+    /// The record whose field was overwritten.
+    public let record: RecordKey
+    /// The field's name (a property of the record type).
+    public let field: String
+    /// The value the record has now.
+    public let winner: Write
+    /// The value that was replaced (or rejected).
+    public let loser: Write
+    /// When this replica noticed the conflict.
+    public let detectedAt: Date
+    /// Whether the app marked it resolved.
+    public let isResolved: Bool
+}
+
+extension Date {
+    /// The wall-clock instant of a hybrid timestamp.
+    init(hybridTimestamp: HLCTimestamp) {
+        self.init(timeIntervalSince1970: Double(hybridTimestamp.physicalMilliseconds) / 1000)
+    }
+}
+
+extension Replica {
+    /// The newest conflicts (up to 1,000, the log's bound), oldest first. Local to this device:
+    /// each replica logs the overwrites it saw.
+    public nonisolated func conflicts(includingResolved: Bool = true) throws -> [ReplicaConflict] {
+        appSupport.learnNames(from: self)
+        return try store.storedConflicts(unresolvedOnly: !includingResolved).map(conflict)
+    }
+
+    /// Conflicts not yet marked resolved, now and whenever the list changes (a new conflict, one
+    /// marked resolved, a writer's name learned). Same semantics as the live queries
+    /// (``ReplicaObservation``).
+    public nonisolated func observeConflicts() -> ReplicaObservation<[ReplicaConflict]> {
+        appSupport.learnNames(from: self)
+        return ReplicaObservation(replica: self) { ConflictsReducer() }
+    }
+
+    /// Marks the conflict `id` resolved (persisted; survives a restart), or with `false`
+    /// pending again. Returns false if there is no such conflict (the log keeps the newest 1,000).
+    @discardableResult
+    public nonisolated func resolveConflict(_ id: ReplicaConflict.ID, resolved: Bool = true) throws -> Bool {
+        try store.markConflict(id, resolved: resolved)
+    }
+
+    /// Names a replica for conflict displays (nil forgets it). The sync layer calls it for
+    /// every peer it meets; an app may call it for replicas it knows by other means.
+    public nonisolated func setPeerName(_ name: String?, for replicaID: ReplicaID) {
+        appSupport.setName(name, for: replicaID)
+        store.commits.publishConflictsChanged()  // observed conflict lists show the name
+    }
+
+    /// The name of replica `id` as far as this replica knows it.
+    public nonisolated func peerName(of id: ReplicaID) -> String? {
+        id == replicaID ? state.name : appSupport.name(of: id)
+    }
+
+    private nonisolated func conflict(_ stored: StoredConflict) -> ReplicaConflict {
+        let entry = stored.entry
+        func write(_ register: FieldRegister) -> ReplicaConflict.Write {
+            ReplicaConflict.Write(value: register.value, writer: register.dot.replica,
+                                  writerName: peerName(of: register.dot.replica), timestamp: register.timestamp)
+        }
+        return ReplicaConflict(id: stored.id, record: entry.key, field: entry.field, winner: write(entry.winner),
+                               loser: write(entry.loser), detectedAt: Date(hybridTimestamp: entry.detectedAt),
+                               isResolved: stored.isResolved)
+    }
+}
+
+/// The unresolved conflicts, read again from the store whenever the log changes.
+struct ConflictsReducer: ObservationReducer {
+    private var value: [ReplicaConflict]?
+
+    var interest: CommitInterest { CommitInterest(collections: [], conflicts: true) }
+
+    mutating func load(_ state: ReplicaState, replica: Replica) throws -> [ReplicaConflict] {
+        let current = try replica.conflicts(includingResolved: false)
+        value = current
+        return current
+    }
+
+    mutating func update(_ changes: PendingChanges, _ state: ReplicaState, replica: Replica) throws -> [ReplicaConflict]? {
+        let current = try replica.conflicts(includingResolved: false)
+        if current == value { return nil }
+        value = current
+        return current
+    }
+}

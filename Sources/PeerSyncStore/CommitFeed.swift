@@ -1,0 +1,316 @@
+import PeerSyncCRDT
+import PeerSyncModel
+import Synchronization
+
+/// What one state change of a ``ReplicaStore`` touched, as observers see it: a local commit, a
+/// remote delta joined, or other processes' commits joined by ``ReplicaStore/refresh()``.
+public struct CommitNotice: Sendable {
+    /// Numbers every state change of this store object, from 1, in commit order.
+    public let sequence: UInt64
+    /// The records the change wrote (a superset of those whose values or visibility changed).
+    public let keys: Set<RecordKey>
+    /// The whole state may have changed (another process committed more than the journal
+    /// keeps): re-read everything. `keys` is empty then.
+    public let reload: Bool
+    /// Device-local settings changed.
+    public let localSettingsChanged: Bool
+    /// The conflict log changed (new entries, or one marked resolved).
+    public let conflictsChanged: Bool
+}
+
+/// Which changes a ``CommitSubscription`` wants to hear about.
+public struct CommitInterest: Sendable {
+    /// Collections whose records matter; nil means all of them.
+    public var collections: Set<String>?
+    /// Wake up for changes to device-local settings.
+    public var localSettings: Bool
+    /// Wake up for changes to the conflict log.
+    public var conflicts: Bool
+
+    /// An interest in `collections` (nil: all) and, optionally, local settings and conflicts.
+    public init(collections: Set<String>?, localSettings: Bool = false, conflicts: Bool = false) {
+        self.collections = collections
+        self.localSettings = localSettings
+        self.conflicts = conflicts
+    }
+
+    func wants(_ key: RecordKey) -> Bool { collections?.contains(key.collection) ?? true }
+}
+
+/// The changes a subscription has accumulated since it was last drained (several commits
+/// coalesced into one set).
+public struct PendingChanges: Sendable {
+    /// Changed records of interest.
+    public var keys: Set<RecordKey> = []
+    /// Re-read everything of interest.
+    public var reload = false
+    /// Device-local settings changed.
+    public var localSettingsChanged = false
+    /// The conflict log changed.
+    public var conflictsChanged = false
+    /// Sequence number of the newest commit included; 0 if none.
+    public var newestSequence: UInt64 = 0
+
+    /// Nothing pending.
+    public init() {}
+
+    /// Whether nothing of interest changed.
+    public var isEmpty: Bool { keys.isEmpty && !reload && !localSettingsChanged && !conflictsChanged }
+
+    mutating func absorb(_ notice: CommitNotice, _ interest: CommitInterest) {
+        newestSequence = max(newestSequence, notice.sequence)
+        if notice.reload { reload = true }
+        if interest.localSettings && notice.localSettingsChanged { localSettingsChanged = true }
+        if interest.conflicts && notice.conflictsChanged { conflictsChanged = true }
+        guard !reload else {
+            keys = []
+            return
+        }
+        if interest.collections == nil {
+            keys.formUnion(notice.keys)
+        } else {
+            for key in notice.keys where interest.wants(key) { keys.insert(key) }
+        }
+    }
+
+    /// Joins changes drained earlier (to be looked at again).
+    public mutating func absorb(_ other: PendingChanges) {
+        newestSequence = max(newestSequence, other.newestSequence)
+        reload = reload || other.reload
+        localSettingsChanged = localSettingsChanged || other.localSettingsChanged
+        conflictsChanged = conflictsChanged || other.conflictsChanged
+        if reload { keys = [] } else { keys.formUnion(other.keys) }
+    }
+}
+
+/// Tells subscribers, synchronously and in commit order, what each state change of a store
+/// touched. The store calls it while it still holds its lock, so a snapshot read afterwards
+/// (``ReplicaStore/consistentSnapshot()``) never includes a change whose notice is not yet
+/// queued. Publishing costs O(subscribers): notices are queued, and each subscriber filters
+/// them on its own task when it drains.
+public final class CommitFeed: Sendable {
+    private struct State {
+        var sequence: UInt64 = 0
+        var nextID = 0
+        /// Weak: a subscription ends when its owner drops it (its deinit unsubscribes).
+        var subscribers: [Int: WeakSubscription] = [:]
+        var localSettings: [String: FieldValue]?
+        var conflictsRecorded: Int?
+    }
+    private let state = Mutex(State())
+
+    /// A feed with no subscribers (each store makes its own).
+    public init() {}
+
+    /// The sequence number of the newest state change published.
+    public var sequence: UInt64 { state.withLock { $0.sequence } }
+
+    /// A new subscription; it sees every change published from now on.
+    public func subscribe(_ interest: CommitInterest) -> CommitSubscription {
+        state.withLock { s in
+            let subscription = CommitSubscription(id: s.nextID, interest: interest, feed: self)
+            s.subscribers[s.nextID] = WeakSubscription(subscription: subscription)
+            s.nextID += 1
+            return subscription
+        }
+    }
+
+    func remove(_ id: Int) {
+        _ = state.withLock { $0.subscribers.removeValue(forKey: id) }
+    }
+
+    /// Called by the store under its lock after `state` became the published state: `absorbed`
+    /// are other processes' commits joined first, `deltas` this change's own deltas.
+    func publish(state replicaState: ReplicaState, absorbed: [StoreChange], deltas: [RecordMap]) {
+        var keys: Set<RecordKey> = []
+        var reload = false
+        // Without subscribers, only count (a subscriber that arrives meanwhile reads a snapshot
+        // that includes this change anyway).
+        let listened = state.withLock { !$0.subscribers.isEmpty }
+        for change in absorbed where listened {
+            guard let delta = change.delta else {
+                reload = true
+                break
+            }
+            for (collection, records) in delta.collections {
+                for id in records.keys { keys.insert(RecordKey(collection: collection, id: id)) }
+            }
+        }
+        if !reload && listened {
+            for delta in deltas {
+                for (collection, records) in delta.collections {
+                    for id in records.keys { keys.insert(RecordKey(collection: collection, id: id)) }
+                }
+            }
+        }
+        let (notice, subscribers) = state.withLock { s in
+            let local = s.localSettings.map { $0 != replicaState.localSettings } ?? true
+            let conflicts = s.conflictsRecorded.map { $0 != replicaState.conflicts.totalRecorded } ?? true
+            s.localSettings = replicaState.localSettings
+            s.conflictsRecorded = replicaState.conflicts.totalRecorded
+            s.sequence += 1
+            let notice = CommitNotice(sequence: s.sequence, keys: reload ? [] : keys, reload: reload,
+                                      localSettingsChanged: local, conflictsChanged: conflicts)
+            guard reload || !keys.isEmpty || local || conflicts else { return (notice, [CommitSubscription]()) }
+            return (notice, s.subscribers.values.compactMap(\.subscription))
+        }
+        // Outside the feed's lock (a subscription whose owner let go meanwhile may deinit here
+        // and unsubscribe), but still under the store's, so the notice is queued before anyone
+        // can read the new state.
+        for subscriber in subscribers { subscriber.enqueue(notice) }
+    }
+
+    /// Tells subscribers that the conflict log changed outside a state change (an entry was
+    /// marked resolved).
+    public func publishConflictsChanged() {
+        let (notice, subscribers) = state.withLock { s in
+            s.sequence += 1
+            let notice = CommitNotice(sequence: s.sequence, keys: [], reload: false,
+                                      localSettingsChanged: false, conflictsChanged: true)
+            return (notice, s.subscribers.values.compactMap(\.subscription))
+        }
+        for subscriber in subscribers { subscriber.enqueue(notice) }
+    }
+}
+
+private struct WeakSubscription {
+    weak var subscription: CommitSubscription?
+}
+
+/// One subscriber's queue of commit notices: ``waitForChanges()``, then ``drain()``;
+/// ``cancel()`` or dropping the last reference ends it (the feed holds it weakly).
+public final class CommitSubscription: Sendable {
+    private struct State {
+        var queue: [CommitNotice] = []
+        /// Notices already filtered into one set (when the queue grew long, or requeued).
+        var merged = PendingChanges()
+        var waiter: CheckedContinuation<Void, Never>?
+        var cancelled = false
+    }
+    /// Queued notices beyond this are filtered into one set at once, so a consumer that lags
+    /// behind a stream of commits holds O(changed keys) memory, not O(commits).
+    private static let queueLimit = 64
+
+    let id: Int
+    /// What this subscription is told about.
+    public let interest: CommitInterest
+    private let state = Mutex(State())
+    private let feed: Mutex<WeakFeed>
+
+    /// The feed, weakly: a subscription must not keep a store's feed alive.
+    private struct WeakFeed {
+        weak var feed: CommitFeed?
+    }
+
+    init(id: Int, interest: CommitInterest, feed: CommitFeed) {
+        self.id = id
+        self.interest = interest
+        self.feed = Mutex(WeakFeed(feed: feed))
+    }
+
+    deinit { feed.withLock { $0.feed }?.remove(id) }
+
+    func enqueue(_ notice: CommitNotice) {
+        if isIrrelevant(notice) { return }
+        let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
+            guard !s.cancelled else { return nil }
+            s.queue.append(notice)
+            if s.queue.count > Self.queueLimit {
+                for queued in s.queue { s.merged.absorb(queued, interest) }
+                s.queue = []
+            }
+            defer { s.waiter = nil }
+            return s.waiter
+        }
+        waiter?.resume()
+    }
+
+    /// Whether a small notice certainly holds nothing of interest (checked at once, so an
+    /// observer of one collection is not woken by commits to others). Large notices are
+    /// filtered later, on the subscriber's own task.
+    private func isIrrelevant(_ notice: CommitNotice) -> Bool {
+        guard let collections = interest.collections, !notice.reload, notice.keys.count <= 32,
+              !(interest.localSettings && notice.localSettingsChanged),
+              !(interest.conflicts && notice.conflictsChanged) else { return false }
+        return !notice.keys.contains { collections.contains($0.collection) }
+    }
+
+    /// Takes everything accumulated so far (possibly nothing).
+    public func drain() -> PendingChanges {
+        state.withLock { s in
+            var pending = s.merged
+            for notice in s.queue { pending.absorb(notice, interest) }
+            s.queue = []
+            s.merged = PendingChanges()
+            return pending
+        }
+    }
+
+    /// Puts drained changes back, to be drained again (they were looked at against a snapshot
+    /// that may not include all of them).
+    public func requeue(_ changes: PendingChanges) {
+        state.withLock { s in s.merged.absorb(changes) }
+    }
+
+    /// Waits until some notice is queued (returns at once if one is). Returns false once the
+    /// subscription is cancelled, or when the calling task is cancelled. Drain with ``drain()``
+    /// afterwards — after taking a snapshot, so the snapshot holds at least what is drained.
+    public func waitForChanges() async -> Bool {
+        while true {
+            if Task.isCancelled { return false }
+            let (cancelled, ready) = state.withLock { ($0.cancelled, !$0.queue.isEmpty || !$0.merged.isEmpty) }
+            if cancelled { return false }
+            if ready { return true }
+            await withTaskCancellationHandler {
+                await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                    let resumeNow = state.withLock { s -> Bool in
+                        if s.cancelled || !s.queue.isEmpty || !s.merged.isEmpty || Task.isCancelled { return true }
+                        s.waiter = continuation
+                        return false
+                    }
+                    if resumeNow { continuation.resume() }
+                }
+            } onCancel: {
+                self.wake()
+            }
+        }
+    }
+
+    private func wake() {
+        let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
+            defer { s.waiter = nil }
+            return s.waiter
+        }
+        waiter?.resume()
+    }
+
+    /// Ends the subscription: ``waitForChanges()`` returns false, and nothing more is queued.
+    public func cancel() {
+        state.withLock { s in
+            s.cancelled = true
+            s.queue = []
+        }
+        wake()
+        feed.withLock { $0.feed }?.remove(id)
+    }
+}
+
+extension ReplicaStore {
+    /// A snapshot of the state together with the sequence number of the newest change it
+    /// includes: every change with a higher number came after it. Subscribe first, then take
+    /// the snapshot; changes drained later whose ``PendingChanges/newestSequence`` is above
+    /// `sequence` are not all in it.
+    public func consistentSnapshot() -> (state: ReplicaState, sequence: UInt64) {
+        // A seqlock read: the store publishes a change's notice under the same lock that
+        // guards its state, so if the sequence is the same before and after reading the state,
+        // the state is exactly the one after change `sequence`.
+        var before = commits.sequence
+        for _ in 0..<10_000 {
+            let snapshot = state
+            let after = commits.sequence
+            if after == before { return (snapshot, before) }
+            before = after
+        }
+        return (state, before)  // unreachable in practice; `before` understates, which is safe
+    }
+}
