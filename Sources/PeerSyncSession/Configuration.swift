@@ -92,7 +92,9 @@ public struct SyncTiming: Sendable, Equatable {
     public var deadPeerTimeout: Duration = .seconds(5)
     /// After a change, a session quiet for this long exchanges an ack and a digest.
     public var digestQuietPeriod: Duration = .milliseconds(200)
-    /// A connection whose peer sends no hello within this time is closed.
+    /// A connection is closed if its TLS handshake does not finish within this time, or if the
+    /// hello, authentication and admission that follow do not finish within this time after it
+    /// (a limit of ``SyncLimits``, kept here with the other timers).
     public var handshakeTimeout: Duration = .seconds(10)
     /// Redialing a static or discovered peer.
     public var reconnectBackoff = Backoff(first: .milliseconds(200), max: .seconds(5))
@@ -104,7 +106,12 @@ public struct SyncTiming: Sendable, Equatable {
     public init() {}
 }
 
-/// Every resource bound of a node, with its default. docs/SECURITY.md lists them.
+/// Every resource bound of a node, with its default. docs/SECURITY.md ("Threat model and
+/// limits") lists them; `peersync run` has an option for each.
+///
+/// One bound lives with the other timers: ``SyncTiming/handshakeTimeout`` (10 s for TLS, then
+/// 10 s for hello, authentication and admission; a connection late for either is closed).
+/// Counts below 1 are taken as 1.
 public struct SyncLimits: Sendable, Equatable {
     /// Largest frame this node accepts (announced in its hello); at least 65,536.
     public var maxFrameBytes: Int = WireLimits.defaultMaxFrameBytes
@@ -117,6 +124,23 @@ public struct SyncLimits: Sendable, Equatable {
     public var outboxDeltaBytes: Int = 8 << 20
     /// Established sessions at once; a hello beyond is refused (reason 9, overloaded).
     public var sessions: Int = 128
+    /// Inbound TCP connections open at once, from every address together (handshaking or in a
+    /// session). One more is closed as soon as it is accepted, before any TLS work.
+    public var inboundConnections: Int = 256
+    /// Inbound TCP connections open at once from one remote IP address; one more is closed as
+    /// soon as it is accepted. A device needs one (two while a duplicate is resolved).
+    public var inboundConnectionsPerAddress: Int = 16
+    /// Connection attempts (connect, TLS, hello, authentication, admission) running at once, to
+    /// static and discovered peers together. An established session no longer counts.
+    public var concurrentDials: Int = 8
+    /// Connection attempts running at once to one host, so adverts that all point at one
+    /// machine take one attempt at a time however many there are.
+    public var concurrentDialsPerHost: Int = 1
+    /// Redialing an address whose session failed to authenticate or was refused (a TLS failure,
+    /// no hello or admission within the handshake timeout, another group, a device not admitted
+    /// or removed, another protocol version, clock skew): from 5 s, doubling up to 5 minutes.
+    /// Other failures redial with ``SyncTiming/reconnectBackoff``.
+    public var rejectedDialBackoff = Backoff(first: .seconds(5), max: .seconds(300))
 
     public init() {}
 }

@@ -1,0 +1,256 @@
+import PeerSyncWire
+
+/// Which addresses a node dials, and when, with no sockets and no clock. Addresses come from the
+/// configuration (static peers) and from discovery; the shell reports each attempt's end, and
+/// the scheduler answers with the attempts to start now and the instant to ask again.
+///
+/// - At most ``SyncLimits/concurrentDials`` attempts run at once, and at most
+///   ``SyncLimits/concurrentDialsPerHost`` to one host. An attempt holds its slot from connect
+///   until its session is established (or fails); an established session holds none.
+/// - Static peers go first, then addresses that have had a session before, then those refused
+///   least often, then those on hosts refused least often (so once a forged advert was refused,
+///   the others on its host wait behind a real peer found after them), then the longest waiting.
+/// - An ordinary failure (unreachable, connection lost) redials with
+///   ``SyncTiming/reconnectBackoff``; a session that lasted ``Settings/stableSession`` resets it.
+/// - A session that fails to authenticate or is refused (``Outcome/rejected``) redials with
+///   ``SyncLimits/rejectedDialBackoff``, growing to minutes: 100 forged adverts cost a few
+///   attempts a minute, and cannot take the slots a real peer needs.
+/// - An address found again keeps its backoff, also after it was withdrawn (``remove(_:)``
+///   drops it once its attempt or session ends; the last ``rememberedLimit`` refused addresses
+///   are remembered), so re-announcing a forged advert does not buy it an early attempt.
+struct DialScheduler {
+    struct Settings: Equatable {
+        var concurrent: Int
+        var perHost: Int
+        var reconnect: Backoff
+        var rejected: Backoff
+        /// A session that lasted this long resets the backoff.
+        var stableSession: Duration = .seconds(10)
+
+        init(limits: SyncLimits, timing: SyncTiming) {
+            concurrent = max(1, limits.concurrentDials)
+            perHost = max(1, limits.concurrentDialsPerHost)
+            reconnect = timing.reconnectBackoff
+            rejected = limits.rejectedDialBackoff
+        }
+    }
+
+    /// Where an address to dial came from.
+    enum Source: Hashable, Sendable {
+        /// ``SyncConfiguration/peers`` or ``SyncNode/addPeer(_:)``: dialed until the node stops.
+        case configured
+        /// A DNS-SD service instance, by name: dialed until it is withdrawn.
+        case discovered(serviceName: String)
+    }
+
+    /// How an attempt ended.
+    enum Outcome: Equatable {
+        /// A session was established and ran for `lasted`.
+        case established(lasted: Duration)
+        /// No connection, or it was lost before a session was established.
+        case failed
+        /// The session failed to authenticate or was refused (see ``SyncLimits/rejectedDialBackoff``).
+        case rejected
+        /// A session with this peer runs the other way round (or this one was the duplicate).
+        case connectedElsewhere
+        /// The node is stopping.
+        case stopped
+
+        /// Classifies why a dialed session ended; `established` says whether it got that far.
+        init(reason: SessionEndReason, established: Bool, lasted: Duration) {
+            switch reason {
+            case .localShutdown:
+                self = .stopped
+            case .duplicate, .peerClosed(.duplicateConnection, _):
+                self = .connectedElsewhere
+            case .handshakeFailed:
+                self = .rejected
+            case .refused(let close, _), .peerClosed(let close, _):
+                self = Self.isRejection(close, established: established) ? .rejected
+                    : established ? .established(lasted: lasted) : .failed
+            case .unreachable, .connectionLost, .storageFailed:
+                self = established ? .established(lasted: lasted) : .failed
+            }
+        }
+
+        /// Whether closing with `reason` says the peer is not, or does not take us for, a member
+        /// of the group (or does not speak its protocol).
+        static func isRejection(_ reason: CloseReason, established: Bool) -> Bool {
+            switch reason {
+            case .notAdmitted, .deviceRemoved, .protocolVersion, .sameReplica, .clockSkew, .malformed, .frameTooLarge,
+                 .unknownMessage:
+                true
+            case .timeout:
+                !established  // no hello, or no admission, within the handshake timeout
+            case .normal, .duplicateConnection, .shuttingDown, .overloaded, .replicaRestored, .other:
+                false
+            }
+        }
+    }
+
+    enum Phase: Equatable {
+        case waiting(until: MonotonicInstant)
+        /// An attempt runs and holds a slot.
+        case dialing
+        /// Its session is established; the attempt holds no slot until it ends.
+        case connected
+    }
+
+    struct Target: Equatable {
+        let address: PeerAddress
+        var sources: Set<Source>
+        var phase: Phase
+        /// Consecutive ordinary failures (and sessions shorter than ``Settings/stableSession``).
+        var failures = 0
+        /// Consecutive rejections.
+        var rejections = 0
+        var everEstablished = false
+        /// Arrival order, for ties.
+        let order: UInt64
+    }
+
+    let settings: Settings
+    private(set) var targets: [PeerAddress: Target] = [:]
+    private var nextOrder: UInt64 = 0
+    /// Rejections of any address on a host since a session with it was last established.
+    private(set) var hostRejections: [String: Int] = [:]
+    /// Dropped addresses that had been refused: their rejections and the end of their backoff.
+    private var remembered: [PeerAddress: (rejections: Int, until: MonotonicInstant)] = [:]
+    static let rememberedLimit = 1_024
+    /// Attempts started so far.
+    private(set) var attempts = 0
+    /// The most attempts that ran at once.
+    private(set) var peak = 0
+
+    init(settings: Settings) {
+        self.settings = settings
+    }
+
+    /// Attempts holding a slot now.
+    var dialing: Int { targets.values.count { $0.phase == .dialing } }
+
+    /// Addresses waiting out ``SyncLimits/rejectedDialBackoff``.
+    var rejectedTargets: Int { targets.values.count { $0.rejections > 0 } }
+
+    /// Dial `address` (for `source`). A new address is due at once; a known one keeps its state
+    /// (finding a forged advert again does not reset its backoff). A discovered service found
+    /// at another address leaves its old one.
+    mutating func add(_ address: PeerAddress, source: Source, now: MonotonicInstant) {
+        if case .discovered = source { detach(source, except: address) }
+        if targets[address] != nil {
+            targets[address]!.sources.insert(source)
+            return
+        }
+        let past = remembered.removeValue(forKey: address)
+        targets[address] = Target(address: address, sources: [source], phase: .waiting(until: max(now, past?.until ?? now)),
+                                  rejections: past?.rejections ?? 0, order: nextOrder)
+        nextOrder += 1
+    }
+
+    /// `source` is gone (a withdrawn advert): its addresses are no longer dialed once their
+    /// attempt or session ends.
+    mutating func remove(_ source: Source) {
+        detach(source, except: nil)
+    }
+
+    private mutating func detach(_ source: Source, except kept: PeerAddress?) {
+        for address in Array(targets.keys) where address != kept {
+            guard targets[address]!.sources.remove(source) != nil, targets[address]!.sources.isEmpty else { continue }
+            if case .waiting = targets[address]!.phase { drop(address) }
+        }
+    }
+
+    /// Forgets `address`, and its host's rejections once no address on it is left.
+    private mutating func drop(_ address: PeerAddress) {
+        if let target = targets.removeValue(forKey: address), target.rejections > 0, case .waiting(let until) = target.phase {
+            if remembered.count >= Self.rememberedLimit, let oldest = remembered.min(by: { $0.value.until < $1.value.until }) {
+                remembered[oldest.key] = nil
+            }
+            remembered[address] = (target.rejections, until)
+        }
+        if !targets.keys.contains(where: { $0.host == address.host }) { hostRejections[address.host] = nil }
+    }
+
+    /// Attempts to start now, in order; each now holds a slot until ``established(_:)`` or
+    /// ``ended(_:_:now:jitter:)``.
+    mutating func due(now: MonotonicInstant) -> [PeerAddress] {
+        var running = dialing
+        guard running < settings.concurrent else { return [] }
+        var perHost: [String: Int] = [:]
+        for target in targets.values where target.phase == .dialing { perHost[target.address.host, default: 0] += 1 }
+        let candidates = targets.values.filter { target in
+            if case .waiting(let until) = target.phase { return until <= now }
+            return false
+        }.sorted(by: precedes)
+        var started: [PeerAddress] = []
+        for target in candidates where running < settings.concurrent {
+            guard perHost[target.address.host, default: 0] < settings.perHost else { continue }
+            perHost[target.address.host, default: 0] += 1
+            running += 1
+            targets[target.address]!.phase = .dialing
+            started.append(target.address)
+        }
+        attempts += started.count
+        peak = max(peak, running)
+        return started
+    }
+
+    /// Whether `a` is dialed before `b` when both are due.
+    private func precedes(_ a: Target, _ b: Target) -> Bool {
+        let aConfigured = a.sources.contains(.configured), bConfigured = b.sources.contains(.configured)
+        if aConfigured != bConfigured { return aConfigured }
+        if a.everEstablished != b.everEstablished { return a.everEstablished }
+        if a.rejections != b.rejections { return a.rejections < b.rejections }
+        let (aHost, bHost) = (hostRejections[a.address.host, default: 0], hostRejections[b.address.host, default: 0])
+        if aHost != bHost { return aHost < bHost }
+        if case .waiting(let x) = a.phase, case .waiting(let y) = b.phase, x != y { return x < y }
+        return a.order < b.order
+    }
+
+    /// The attempt to `address` established its session: its slot is free.
+    mutating func established(_ address: PeerAddress) {
+        guard targets[address]?.phase == .dialing else { return }
+        targets[address]!.phase = .connected
+        targets[address]!.everEstablished = true
+    }
+
+    /// The attempt to `address` ended (its session, if any, too). `jitter` is a random number in
+    /// `-1...1`.
+    mutating func ended(_ address: PeerAddress, _ outcome: Outcome, now: MonotonicInstant, jitter: Double) {
+        guard var target = targets[address] else { return }
+        let delay: Duration
+        switch outcome {
+        case .established(let lasted):
+            target.everEstablished = true
+            target.rejections = 0
+            hostRejections[address.host] = nil
+            target.failures = lasted >= settings.stableSession ? 0 : target.failures + 1
+            delay = settings.reconnect.delay(afterFailures: target.failures - 1, unit: jitter)
+        case .failed:
+            target.failures += 1
+            delay = settings.reconnect.delay(afterFailures: target.failures - 1, unit: jitter)
+        case .rejected:
+            target.rejections += 1
+            hostRejections[address.host, default: 0] += 1
+            delay = settings.rejected.delay(afterFailures: target.rejections - 1, unit: jitter)
+        case .connectedElsewhere, .stopped:
+            delay = settings.reconnect.max
+        }
+        target.phase = .waiting(until: now + delay)
+        targets[address] = target
+        if target.sources.isEmpty || outcome == .stopped { drop(address) }
+    }
+
+    /// When to ask ``due(now:)`` again if no attempt ends before (nil: only when one does).
+    /// Targets that wait for a slot, or for their host's slot, are not counted: an attempt's end
+    /// frees it.
+    func nextWakeup() -> MonotonicInstant? {
+        guard dialing < settings.concurrent else { return nil }
+        var busyHosts: [String: Int] = [:]
+        for target in targets.values where target.phase == .dialing { busyHosts[target.address.host, default: 0] += 1 }
+        return targets.values.compactMap { target -> MonotonicInstant? in
+            guard case .waiting(let until) = target.phase, busyHosts[target.address.host, default: 0] < settings.perHost else { return nil }
+            return until
+        }.min()
+    }
+}
