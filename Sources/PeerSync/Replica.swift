@@ -86,12 +86,15 @@ public actor Replica {
     public private(set) var pendingJoin: PendingJoin?
     private var replicator: Replicator?
     private var node: SyncNode?
+    var currentNode: SyncNode? { node }
     private var discovery: PeerDiscovery?
-    private var dialedDiscovered: [ReplicaID: PeerAddress] = [:]
     private var tasks: [Task<Void, Never>] = []
     private var status = SyncStatus.disabled
     private var configuration: SyncConfiguration?
-    private var repairs = 0
+    /// Convergence repairs and refused sessions of the current sync run (Replica+Health.swift).
+    var repairs = 0
+    var refusedSessions = 0
+    nonisolated let healthSubscribers = Broadcaster<SyncHealth>()
     private var peerNames: [ReplicaID: String] = [:]
     private nonisolated let changeSubscribers = Broadcaster<ReplicaChange>()
     private nonisolated let statusSubscribers = Broadcaster<SyncStatus>()
@@ -221,6 +224,7 @@ public actor Replica {
     public func startSync(_ configuration: SyncConfiguration) async throws -> UInt16 {
         if replicator != nil { await stopSync() }
         self.configuration = configuration
+        (repairs, refusedSessions) = (0, 0)
         if let change = store.incarnationChange {
             logger.warning("this store was copied or restored", metadata: ["replica.id": "\(change.current.shortDescription)",
                                                                            "replica.previous": "\(change.previous.shortDescription)"])
@@ -256,7 +260,9 @@ public actor Replica {
     }
 
     /// Dials discovered peers of this group and protocol version — only those with a higher
-    /// replica ID, so exactly one side of each pair dials — and ignores everything else.
+    /// replica ID, so exactly one side of each pair dials — and ignores everything else. The
+    /// node's dial scheduler bounds the attempts (forged adverts cannot starve a real peer);
+    /// withdrawn adverts are dropped from it.
     private func follow(_ events: AsyncStream<DiscoveryEvent>, groupTag: String) async {
         for await event in events {
             switch event {
@@ -269,12 +275,12 @@ public actor Replica {
                     continue
                 }
                 let address = PeerAddress(host: peer.host, port: peer.port)
-                guard id > replicaID, dialedDiscovered[id] != address else { continue }
-                dialedDiscovered[id] = address
+                guard id > replicaID else { continue }
                 logger.info("discovered a peer", metadata: ["peer.id": "\(id.shortDescription)", "peer.address": "\(address)"])
-                await node?.addPeer(address)
-            case .lost:
-                break  // liveness comes from the session, not from DNS-SD
+                await node?.discovered(address, serviceName: peer.serviceName)
+            case .lost(let serviceName):
+                // Not redialed once its session ends; liveness comes from the session, not DNS-SD.
+                await node?.lost(serviceName: serviceName)
             case .unavailable(let error):
                 logger.warning("discovery unavailable: \(error); static peers still work")
             case .recovered:
@@ -307,7 +313,6 @@ public actor Replica {
         // Withdraw the advertisement before returning (a quick restart must not see it twice).
         await discovery?.stopAndWait()
         discovery = nil
-        dialedDiscovered = [:]
         for task in tasks { task.cancel() }
         tasks = []
         if let node { await node.stop() } else { await replicator?.shutdown() }
@@ -414,12 +419,19 @@ public actor Replica {
                 if peerNames.isEmpty { setStatus(.connecting) }
             case .sessionRefused(let address, let reason):
                 if peerNames.isEmpty { setStatus(.error(.session(address: address, reason: reason))) }
+                if case .refused(.overloaded, _) = reason {
+                    refusedSessions += 1
+                    await publishHealth()
+                }
+            case .connectionsRefused:
+                await publishHealth()
             case .catchUpProgress(_, let chunk, let chunks, _):
                 setStatus(.syncing(progress: Double(chunk) / Double(max(chunks, 1))))
             case .converged:
                 setStatus(.inSync(lastSync: Date(), peers: peerNames.values.sorted()))
             case .divergenceRepaired(_, let count):
                 repairs = count
+                await publishHealth()
             case .divergenceDetail:
                 break
             case .restoredStoreDetected(let info, let replica, let known, let held):

@@ -32,6 +32,8 @@ public actor Replicator {
         let signal: OutputSignal
         let close: @Sendable () -> Void
         let counters: (@Sendable () -> (read: Int, written: Int))?
+        /// Called once the session is established (the dialer frees the attempt's slot).
+        var established: (@Sendable () -> Void)?
     }
 
     /// A replicator for the replica behind `storage`. Nothing runs until a session opens.
@@ -81,17 +83,17 @@ public actor Replicator {
     // MARK: - Sessions
 
     /// Opens a session on a connected transport. `close` cuts the transport; `counters` reads its
-    /// byte counters (TLS included) if it has them. Returns the session and the signal its writer
-    /// waits on.
+    /// byte counters (TLS included) if it has them; `established` is called once if the session
+    /// is established. Returns the session and the signal its writer waits on.
     func openSession(
         _ origin: SessionOrigin, close: @escaping @Sendable () -> Void,
-        counters: (@Sendable () -> (read: Int, written: Int))? = nil
+        counters: (@Sendable () -> (read: Int, written: Int))? = nil, established: (@Sendable () -> Void)? = nil
     ) -> (SessionID, OutputSignal) {
         startTimer()
         let signal = OutputSignal()
         let nonce = (0..<16).map { _ in UInt8.random(in: 0...255) }
         let (id, actions) = core.open(origin, now: .now, wallClock: configuration.wallClock(), state: storage.snapshot(), nonce: nonce)
-        transports[id] = Transport(signal: signal, close: close, counters: counters)
+        transports[id] = Transport(signal: signal, close: close, counters: counters, established: established)
         perform(actions)
         return (id, signal)
     }
@@ -111,9 +113,12 @@ public actor Replicator {
         perform(core.closeLocally(id, now: .now))
     }
 
-    /// The transport of session `id` is gone.
-    func transportEnded(_ id: SessionID, reason: SessionEndReason) {
-        guard let transport = transports.removeValue(forKey: id) else { return }
+    /// The transport of session `id` is gone. Returns why the session ended (the core's reason
+    /// if it closed it, else `reason`) and whether it was established; nil if it had ended before.
+    @discardableResult
+    func transportEnded(_ id: SessionID, reason: SessionEndReason) -> (reason: SessionEndReason, established: Bool)? {
+        guard let transport = transports.removeValue(forKey: id) else { return nil }
+        let ending = (reason: core.session(id)?.endReason ?? reason, established: core.session(id)?.announced ?? false)
         if let session = core.session(id) {
             let read = transport.counters?().read ?? session.bytesReceived
             let written = transport.counters?().written ?? session.bytesSent
@@ -128,6 +133,7 @@ public actor Replicator {
             for waiter in emptyWaiters { waiter.resume() }
             emptyWaiters = []
         }
+        return ending
     }
 
     /// The next bytes to write for session `id`, up to about `budget` (nil: nothing now).
@@ -249,6 +255,10 @@ public actor Replicator {
             case .commit(let request):
                 commit(request)
             case .event(let event):
+                if case .peerConnected(let info) = event, let id = core.established[info.replicaID] {
+                    transports[id]?.established?()
+                    transports[id]?.established = nil
+                }
                 emit(event)
             case .admitJoiner(let id, let entry):
                 admit(id, entry)

@@ -9,6 +9,10 @@ import PeerSyncWire
 /// The TCP (+TLS) transport of a node: listens, dials peers and redials them with backoff, and
 /// moves bytes between each connection and the node's ``Replicator``, which makes every
 /// decision. One shell among others: an app's own transport uses ``SyncSession`` instead.
+///
+/// Its own decisions are made by pure types too: which inbound connections to take
+/// (``InboundAdmission``, before any TLS work) and which addresses to dial when
+/// (``DialScheduler``), within ``SyncLimits``.
 public actor SyncNode {
     public nonisolated let replicator: Replicator
     public nonisolated var configuration: SyncConfiguration { replicator.configuration }
@@ -17,6 +21,8 @@ public actor SyncNode {
     private var server: NIOAsyncChannel<(NIOAsyncChannel<InboundFrame, ByteBuffer>, TLSPeer?), Never>?
     private var tasks: [Task<Void, Never>] = []
     private var connections: [ObjectIdentifier: any Channel] = [:]
+    private nonisolated let inbound: InboundLimiter
+    private let dialer: Dialer
     /// Dialed address → replica it turned out to be (to avoid dialing a peer connected the other way).
     private var addressReplica: [String: ReplicaID] = [:]
     private var stopped = false
@@ -33,6 +39,15 @@ public actor SyncNode {
         // TLS admits every device: the session layer authenticates it again and asks the roster,
         // so a refused device gets a reason it can act on instead of a failed handshake.
         tls = replicator.configuration.security == .tls ? try DeviceTLS(key: replicator.deviceKey) { _ in true } : nil
+        inbound = InboundLimiter(limits: replicator.configuration.limits) { [logger, replicator] report in
+            logger.warning("inbound connections refused: limit reached", metadata: [
+                "refused.overTotal": "\(report.overTotal)", "refused.overAddress": "\(report.overAddress)",
+                "peer.address": "\(report.lastAddress)",
+            ])
+            replicator.emit(.connectionsRefused(overTotal: report.overTotal, overAddress: report.overAddress,
+                                                lastAddress: report.lastAddress))
+        }
+        dialer = Dialer(settings: DialScheduler.Settings(limits: replicator.configuration.limits, timing: replicator.configuration.timing))
     }
 
     /// A node with its own replicator over `storage`.
@@ -54,6 +69,15 @@ public actor SyncNode {
     /// Bytes and frames of every session so far, TLS records included.
     public func traffic() async -> TrafficCounters { await replicator.traffic() }
 
+    /// What the limits refused so far, and the dialing now.
+    public func limitStatus() async -> LimitStatus {
+        let counts = inbound.counts
+        let dials = await dialer.status()
+        return LimitStatus(refusedOverTotal: counts.overTotal, refusedOverAddress: counts.overAddress, inboundOpen: counts.open,
+                           dialTargets: dials.targets, dialing: dials.dialing, dialingPeak: dials.peak,
+                           rejectedTargets: dials.rejected, dialAttempts: dials.attempts)
+    }
+
     // MARK: - Lifecycle
 
     /// Starts listening (if the configuration says where) and dialing the configured peers.
@@ -67,8 +91,13 @@ public actor SyncNode {
         if let listen = configuration.listen {
             let tls = self.tls
             let maxFrame = configuration.limits.maxFrameBytes
+            let inbound = self.inbound
             let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+                .serverChannelInitializer { channel in
+                    // Before the accept handler: a connection over a limit never gets a pipeline.
+                    channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(InboundGate(inbound)) }
+                }
                 .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
                 .bind(host: listen.host, port: Int(listen.port)) { channel in
                     channel.eventLoop.makeCompletedFuture {
@@ -81,15 +110,36 @@ public actor SyncNode {
             replicator.emit(.listening(port: port))
             tasks.append(Task { await self.acceptLoop(server) })
         }
-        for peer in configuration.peers { addPeer(peer) }
+        for peer in configuration.peers { await addPeer(peer) }
         return port
     }
 
     /// Dials `address` now and again whenever the session ends, with backoff and jitter, until
-    /// the node stops.
-    public func addPeer(_ address: PeerAddress) {
+    /// the node stops (``SyncLimits`` bounds the attempts running at once).
+    public func addPeer(_ address: PeerAddress) async {
+        await dial(address, for: .configured)
+    }
+
+    /// Dials `address`, advertised on the LAN as `serviceName`, until ``lost(serviceName:)``.
+    /// Discovered addresses take their turn after static peers; one whose sessions fail to
+    /// authenticate or are refused is redialed with ``SyncLimits/rejectedDialBackoff``.
+    public func discovered(_ address: PeerAddress, serviceName: String) async {
+        await dial(address, for: .discovered(serviceName: serviceName))
+    }
+
+    /// The advertisement `serviceName` was withdrawn: its address is no longer dialed once its
+    /// current attempt or session ends (the session itself is not cut).
+    public func lost(serviceName: String) async {
+        await dialer.remove(.discovered(serviceName: serviceName))
+    }
+
+    private func dial(_ address: PeerAddress, for source: DialScheduler.Source) async {
         guard !stopped else { return }
-        tasks.append(Task { await self.dialLoop(address) })
+        await dialer.start { [weak self] address, established in
+            guard let self else { return Dialer.Result(reason: .localShutdown, established: false, lasted: .zero) }
+            return await self.attempt(address, established: established)
+        }
+        await dialer.add(address, source: source)
     }
 
     /// Says goodbye to every peer (each goodbye is flushed before its connection closes, within
@@ -97,28 +147,19 @@ public actor SyncNode {
     public func stop() async {
         guard !stopped else { return }
         stopped = true
+        await dialer.stop()
         // Goodbyes first (connection tasks must still be running to write them), then the rest.
         await replicator.shutdown()
         for task in tasks { task.cancel() }
         try? await server?.channel.close()
         for channel in connections.values { try? await channel.close() }
         for task in tasks { await task.value }
+        await dialer.finish()
         tasks = []
         logger.info("stopped")
     }
 
     // MARK: - Connections
-
-    /// A connection's pipeline: byte counter, TLS (with the peer's device ID once authenticated),
-    /// frame decoder.
-    static func configurePipeline(_ channel: any Channel, tls: DeviceTLS?, dialed: Bool, maxFrame: Int) throws
-        -> (NIOAsyncChannel<InboundFrame, ByteBuffer>, TLSPeer?)
-    {
-        try channel.pipeline.syncOperations.addHandler(ByteCounter(), name: "bytes")
-        let peer = try tls?.configure(channel, dialed: dialed)
-        try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder(maxFrameBytes: maxFrame)))
-        return (try NIOAsyncChannel(wrappingChannelSynchronously: channel), peer)
-    }
 
     private func acceptLoop(_ server: NIOAsyncChannel<(NIOAsyncChannel<InboundFrame, ByteBuffer>, TLSPeer?), Never>) async {
         do {
@@ -126,7 +167,7 @@ public actor SyncNode {
                 try await server.executeThenClose { inbound in
                     for try await (child, peer) in inbound {
                         let address = child.channel.remoteAddress.map { "\($0.ipAddress ?? "?"):\($0.port ?? 0)" } ?? "?"
-                        group.addTask { await self.run(child, tls: peer, address: address, initiator: false) }
+                        group.addTask { _ = await self.run(child, tls: peer, address: address, initiator: false) }
                     }
                 }
             }
@@ -135,26 +176,14 @@ public actor SyncNode {
         }
     }
 
-    private func dialLoop(_ address: PeerAddress) async {
-        var failures = 0
-        let backoff = configuration.timing.reconnectBackoff
-        while !stopped && !Task.isCancelled {
-            if let replica = addressReplica[address.description],
-               await replicator.peers().contains(where: { $0.info.replicaID == replica }) {
-                // Connected the other way round; look again later.
-                try? await Task.sleep(for: backoff.max)
-                continue
-            }
-            let started = ContinuousClock.now
-            await dial(address)
-            if stopped || Task.isCancelled { break }
-            // A session that lasted a while resets the backoff.
-            failures = ContinuousClock.now - started > .seconds(10) ? 0 : failures + 1
-            try? await Task.sleep(for: backoff.delay(afterFailures: failures - 1, unit: .random(in: -1...1)))
+    /// One attempt for the dialer: nothing if a session with the peer at `address` runs the
+    /// other way round; else connect and run the session until it ends.
+    private func attempt(_ address: PeerAddress, established: @escaping @Sendable () -> Void) async -> Dialer.Result? {
+        guard !stopped else { return Dialer.Result(reason: .localShutdown, established: false, lasted: .zero) }
+        if let replica = addressReplica[address.description],
+           await replicator.peers().contains(where: { $0.info.replicaID == replica }) {
+            return nil
         }
-    }
-
-    private func dial(_ address: PeerAddress) async {
         let tls = self.tls
         let maxFrame = configuration.limits.maxFrameBytes
         do {
@@ -166,21 +195,25 @@ public actor SyncNode {
                         try Self.configurePipeline(channel, tls: tls, dialed: true, maxFrame: maxFrame)
                     }
                 }
-            await run(channel, tls: peer, address: address.description, initiator: true)
+            return await run(channel, tls: peer, address: address.description, initiator: true, established: established)
         } catch {
             logger.debug("dial failed", metadata: ["peer.address": "\(address)", "error": "\(error)"])
             replicator.emit(.sessionRefused(address: address.description, reason: .unreachable(detail: "\(error)")))
+            return Dialer.Result(reason: .unreachable(detail: "\(error)"), established: false, lasted: .zero)
         }
     }
 
     /// One connection's life: a reader feeding frames to the replicator and a writer pulling
-    /// what it decides to send.
-    private func run(_ channel: NIOAsyncChannel<InboundFrame, ByteBuffer>, tls: TLSPeer?, address: String, initiator: Bool) async {
+    /// what it decides to send. Returns why it ended; `established` is called when its session is.
+    private func run(_ channel: NIOAsyncChannel<InboundFrame, ByteBuffer>, tls: TLSPeer?, address: String, initiator: Bool,
+                     established: (@Sendable () -> Void)? = nil) async -> Dialer.Result {
         let raw = channel.channel
         guard !stopped else {
             try? await raw.close()
-            return
+            return Dialer.Result(reason: .localShutdown, established: false, lasted: .zero)
         }
+        connections[ObjectIdentifier(raw)] = raw
+        defer { connections[ObjectIdentifier(raw)] = nil }
         var device: DeviceID?
         if let tls {
             // The session starts once TLS knows the peer's device (bounded by the handshake timeout).
@@ -194,19 +227,19 @@ public actor SyncNode {
                 try? await raw.close()
                 logger.warning("session refused", metadata: ["peer.address": "\(address)", "reason": "\(SessionEndReason.handshakeFailed(detail: "\(error)"))"])
                 replicator.emit(.sessionRefused(address: address, reason: .handshakeFailed(detail: "\(error)")))
-                return
+                return Dialer.Result(reason: stopped ? .localShutdown : .handshakeFailed(detail: "\(error)"), established: false, lasted: .zero)
             }
         }
         let origin = SessionOrigin(address: address, initiator: initiator, transportDevice: device)
-        connections[ObjectIdentifier(raw)] = raw
-        defer { connections[ObjectIdentifier(raw)] = nil }
         let counter = try? await raw.pipeline.handler(type: ByteCounter.self).get()
         var counters: (@Sendable () -> (read: Int, written: Int))?
         if let counter { counters = { (read: counter.read, written: counter.written) } }
-        let (id, signal) = await replicator.openSession(origin, close: { raw.close(promise: nil) }, counters: counters)
+        let (id, signal) = await replicator.openSession(origin, close: { raw.close(promise: nil) }, counters: counters,
+                                                        established: established)
         let replicator = self.replicator
-        let secure = false  // TLS failures were reported before the session opened
+        let opened = ContinuousClock.now
         var reason = SessionEndReason.connectionLost(detail: "")
+        var ended: (reason: SessionEndReason, established: Bool)?
         do {
             try await channel.executeThenClose { inbound, outbound in
                 let writer = Task {
@@ -217,13 +250,9 @@ public actor SyncNode {
                 }
                 var frameError = false
                 do {
-                    var sawFrame = false
                     for try await frame in inbound {
-                        sawFrame = true
                         await replicator.receive(id, type: frame.type, body: frame.body)
                     }
-                    reason = !sawFrame && secure
-                        ? .handshakeFailed(detail: "the connection closed before the peer's hello") : .connectionLost(detail: "")
                 } catch let error as WireError {
                     await replicator.frameError(id, error)
                     frameError = true
@@ -236,39 +265,17 @@ public actor SyncNode {
                 if frameError {
                     await writer.value  // the error frame goes out first (bounded by the drain timeout)
                 } else {
-                    await replicator.transportEnded(id, reason: reason)
+                    ended = await replicator.transportEnded(id, reason: reason)
                     await writer.value
                 }
             }
         } catch {
             reason = Self.classify(error)
         }
-        await replicator.transportEnded(id, reason: reason)
+        ended = await replicator.transportEnded(id, reason: reason) ?? ended
+        return Dialer.Result(reason: ended?.reason ?? reason, established: ended?.established ?? false,
+                             lasted: ContinuousClock.now - opened)
     }
 
     private func remember(_ replica: ReplicaID, at address: String) { addressReplica[address] = replica }
-
-    /// Pulls what the replicator decides to send and writes it, until the session ends or a
-    /// final frame (goodbye, error) has been written.
-    static func pump(
-        _ id: SessionID, signal: OutputSignal, replicator: Replicator, write: (OutboundBatch) async throws -> Void
-    ) async {
-        do {
-            while true {
-                while let batch = await replicator.nextBatch(id) {
-                    try await write(batch)
-                    if batch.closeAfter { return }
-                }
-                guard await signal.wait() else { return }
-            }
-        } catch {
-            // The connection is closing; the reader reports why.
-        }
-    }
-
-    static func classify(_ error: any Error) -> SessionEndReason {
-        if error is NIOSSLError || error is BoringSSLError { return .handshakeFailed(detail: "\(error)") }
-        if let error = error as? ByteToMessageDecoderError { return .refused(.malformed, detail: "bad frame: \(error)") }
-        return .connectionLost(detail: "\(error)")
-    }
 }

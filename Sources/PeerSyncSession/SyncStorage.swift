@@ -103,6 +103,11 @@ public enum NodeEvent: Sendable {
     /// store holds: the store was restored from an older copy. The session is refused; the owner
     /// should continue under a new replica ID (`ReplicaStore.beginNewIncarnation`) and resync.
     case restoredStoreDetected(PeerInfo, replica: ReplicaID, peerKnows: UInt64, localHas: UInt64)
+    /// Inbound connections were closed as soon as they were accepted: the node had
+    /// ``SyncLimits/inboundConnections`` open (`overTotal`), or their address had
+    /// ``SyncLimits/inboundConnectionsPerAddress`` (`overAddress`). Reported with a warning
+    /// line at most once per 10 s, counting the refusals since the previous report.
+    case connectionsRefused(overTotal: Int, overAddress: Int, lastAddress: String)
 }
 
 /// A connected peer as this node sees it.

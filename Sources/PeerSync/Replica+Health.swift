@@ -1,0 +1,40 @@
+import PeerSyncSession
+
+/// How sync copes, beyond ``SyncStatus``: the convergence watchdog's repairs and what the
+/// node's limits (``SyncLimits``) refused. Counts start at zero with each ``Replica/startSync(_:)``.
+public struct SyncHealth: Sendable, Equatable {
+    /// Full-state repairs by the convergence watchdog: after both sides acked, their digests
+    /// differed although they held the same events (a bug here or in a peer's implementation).
+    /// Each is also logged as a warning naming the collections and writers that differed.
+    public var repairs = 0
+    /// Sessions refused because the node had ``SyncLimits/sessions`` established.
+    public var refusedSessions = 0
+    /// Connections refused by the inbound limits, and the dialing now (zeros without TCP).
+    public var limits = LimitStatus()
+
+    public init(repairs: Int = 0, refusedSessions: Int = 0, limits: LimitStatus = LimitStatus()) {
+        self.repairs = repairs
+        self.refusedSessions = refusedSessions
+        self.limits = limits
+    }
+}
+
+extension Replica {
+    /// The health of sync now (zeros with sync off).
+    public func syncHealth() async -> SyncHealth {
+        SyncHealth(repairs: repairs, refusedSessions: refusedSessions, limits: await currentNode?.limitStatus() ?? LimitStatus())
+    }
+
+    /// The health now, and again whenever the watchdog repairs a divergence or a limit refuses
+    /// sessions or connections (connection refusals are reported at most once per 10 s). Each
+    /// call makes a new subscriber.
+    public nonisolated func healthUpdates() -> AsyncStream<SyncHealth> {
+        let stream = healthSubscribers.subscribe()
+        Task { await self.publishHealth() }
+        return stream
+    }
+
+    func publishHealth() async {
+        healthSubscribers.yield(await syncHealth())
+    }
+}
