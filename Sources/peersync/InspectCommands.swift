@@ -60,6 +60,12 @@ struct Status: AsyncParsableCommand {
             print("  peer    \(peer.name) \(peer.replicaID.prefix(8)) at \(peer.address): \(synced)")
         }
         if node.peers.isEmpty { print("  no peers connected") }
+        if let health = node.health {
+            print("  health  \(health.repairs) convergence repairs; refused \(health.refusedConnectionsOverAddress) connections over the "
+                + "per-address limit, \(health.refusedConnectionsOverTotal) over the total, \(health.refusedSessions) sessions")
+            print("  dialing \(health.dialing) of \(health.dialTargets) addresses now (peak \(health.dialingPeak)), "
+                + "\(health.rejectedDialTargets) backing off after refusals, \(health.dialAttempts) attempts")
+        }
     }
 }
 

@@ -21,6 +21,7 @@ struct Run: AsyncParsableCommand {
     var insecure = false
     @Option(help: "Refuse peers whose clock differs by more than this many seconds.") var maxClockSkew: Int = 300
     @Option(help: "trace, debug, info, notice, warning, error or critical.") var logLevel: String = "info"
+    @OptionGroup(title: "Limits (docs/SECURITY.md)") var limits: LimitOptions
 
     func run() async throws {
         guard let level = Logger.Level(rawValue: logLevel) else { throw CLIError("unknown log level \"\(logLevel)\"") }
@@ -45,7 +46,56 @@ struct Run: AsyncParsableCommand {
     func configuration(security: SessionSecurity, listen: PeerAddress, peers: [PeerAddress]) -> SyncConfiguration {
         var timing = SyncTiming()
         timing.maxClockSkew = .seconds(maxClockSkew)
-        return SyncConfiguration(security: security, listen: listen, peers: peers, discovery: !noDiscovery, timing: timing)
+        timing.handshakeTimeout = .milliseconds(Int64((limits.handshakeTimeout * 1000).rounded()))
+        return SyncConfiguration(security: security, listen: listen, peers: peers, discovery: !noDiscovery, timing: timing,
+                                 limits: limits.syncLimits)
+    }
+}
+
+/// `peersync run`'s options for ``SyncLimits`` (and the handshake timeout of ``SyncTiming``);
+/// each default is the library's.
+struct LimitOptions: ParsableArguments {
+    static let defaults = SyncLimits()
+
+    @Option(help: "Inbound connections open at once, from every address together; more are closed on arrival.")
+    var maxConnections = defaults.inboundConnections
+    @Option(help: "Inbound connections open at once from one IP address; more are closed on arrival.")
+    var maxConnectionsPerAddress = defaults.inboundConnectionsPerAddress
+    @Option(help: "Established sessions at once; more are refused (overloaded).")
+    var maxSessions = defaults.sessions
+    @Option(help: "Seconds a connection has for its TLS handshake, then again for hello, authentication and admission.")
+    var handshakeTimeout = SyncTiming().handshakeTimeout.millisecondsDouble / 1000
+    @Option(help: "Connection attempts to peers running at once.")
+    var maxDials = defaults.concurrentDials
+    @Option(help: "Connection attempts running at once to one host.")
+    var maxDialsPerHost = defaults.concurrentDialsPerHost
+    @Option(help: "Longest wait in seconds before redialing a peer whose sessions fail to authenticate or are refused (the wait starts at 5 s and doubles).")
+    var rejectedBackoffMax = defaults.rejectedDialBackoff.max.millisecondsDouble / 1000
+
+    func validate() throws {
+        for (name, value) in [("--max-connections", maxConnections), ("--max-connections-per-address", maxConnectionsPerAddress),
+                              ("--max-sessions", maxSessions), ("--max-dials", maxDials), ("--max-dials-per-host", maxDialsPerHost)]
+            where value < 1 {
+            throw ArgumentParser.ValidationError("\(name) must be at least 1, got \(value)")
+        }
+        guard handshakeTimeout.isFinite, handshakeTimeout >= 0.1, handshakeTimeout <= 3600 else {
+            throw ArgumentParser.ValidationError("--handshake-timeout must be between 0.1 and 3600 seconds, got \(handshakeTimeout)")
+        }
+        guard rejectedBackoffMax.isFinite, rejectedBackoffMax >= 1, rejectedBackoffMax <= 86400 else {
+            throw ArgumentParser.ValidationError("--rejected-backoff-max must be between 1 and 86400 seconds, got \(rejectedBackoffMax)")
+        }
+    }
+
+    var syncLimits: SyncLimits {
+        var limits = SyncLimits()
+        limits.inboundConnections = maxConnections
+        limits.inboundConnectionsPerAddress = maxConnectionsPerAddress
+        limits.sessions = maxSessions
+        limits.concurrentDials = maxDials
+        limits.concurrentDialsPerHost = maxDialsPerHost
+        let longest = Duration.milliseconds(Int64((rejectedBackoffMax * 1000).rounded()))
+        limits.rejectedDialBackoff = Backoff(first: min(limits.rejectedDialBackoff.first, longest), max: longest)
+        return limits
     }
 }
 
@@ -61,12 +111,62 @@ struct NodeStatusFile: Codable {
         var bytesSent: Int
         var bytesReceived: Int
     }
+    /// The convergence watchdog's repairs and what the limits refused (docs/CLI.md).
+    struct Health: Codable {
+        var repairs: Int
+        var refusedSessions: Int
+        var refusedConnectionsOverTotal: Int
+        var refusedConnectionsOverAddress: Int
+        var inboundConnections: Int
+        var dialTargets: Int
+        var dialing: Int
+        var dialingPeak: Int
+        var rejectedDialTargets: Int
+        var dialAttempts: Int
+
+        init(_ health: SyncHealth) {
+            repairs = health.repairs
+            refusedSessions = health.refusedSessions
+            refusedConnectionsOverTotal = health.limits.refusedOverTotal
+            refusedConnectionsOverAddress = health.limits.refusedOverAddress
+            inboundConnections = health.limits.inboundOpen
+            dialTargets = health.limits.dialTargets
+            dialing = health.limits.dialing
+            dialingPeak = health.limits.dialingPeak
+            rejectedDialTargets = health.limits.rejectedTargets
+            dialAttempts = health.limits.dialAttempts
+        }
+    }
+    /// The limits the node runs with.
+    struct Limits: Codable {
+        var maxConnections: Int
+        var maxConnectionsPerAddress: Int
+        var maxSessions: Int
+        var handshakeTimeoutSeconds: Double
+        var maxDials: Int
+        var maxDialsPerHost: Int
+        var rejectedBackoffMaxSeconds: Double
+
+        init(_ configuration: SyncConfiguration) {
+            let limits = configuration.limits
+            maxConnections = limits.inboundConnections
+            maxConnectionsPerAddress = limits.inboundConnectionsPerAddress
+            maxSessions = limits.sessions
+            handshakeTimeoutSeconds = configuration.timing.handshakeTimeout.millisecondsDouble / 1000
+            maxDials = limits.concurrentDials
+            maxDialsPerHost = limits.concurrentDialsPerHost
+            rejectedBackoffMaxSeconds = limits.rejectedDialBackoff.max.millisecondsDouble / 1000
+        }
+    }
     var pid: Int32
     var listen: String
     var insecure: Bool
     var startedAt: Date
     var updatedAt: Date
     var peers: [Peer]
+    /// Absent in status files of older versions.
+    var health: Health?
+    var limits: Limits?
 }
 
 struct NodeService: Service {
@@ -121,7 +221,9 @@ struct NodeService: Service {
                 bytesSent: p.bytesSent, bytesReceived: p.bytesReceived)
         }
         let status = NodeStatusFile(pid: getpid(), listen: "\(configuration.listen?.host ?? "-"):\(port)", insecure: insecure,
-                                    startedAt: started, updatedAt: Date(), peers: peers)
+                                    startedAt: started, updatedAt: Date(), peers: peers,
+                                    health: NodeStatusFile.Health(await replica.syncHealth()),
+                                    limits: NodeStatusFile.Limits(configuration))
         let encoder = JSONEncoder()
         encoder.dateEncodingStrategy = .iso8601
         guard let data = try? encoder.encode(status) else { return }

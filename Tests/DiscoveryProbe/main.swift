@@ -13,6 +13,16 @@
 //   {"event":"stopped","exited":true,"t":…}
 // SIGTERM or SIGINT stops discovery with `stopAndWait()` (withdrawing the advertisement) and exits 0;
 // "exited" says whether the discovery thread had finished when `stopAndWait()` returned.
+//
+// Two modes without discovery, for the limits lab (LimitsLabTests):
+//   peersync-discovery-probe --hold PORT
+//       a black hole: accepts every TCP connection on 0.0.0.0:PORT and never sends a byte
+//       {"event":"holding","port":PORT,"t":…}
+//   peersync-discovery-probe --flood HOST:PORT --connections N [--duration S]
+//       opens N idle TCP connections to HOST:PORT one after the other, then every 250 ms reports
+//       how many the peer has closed; closes them all and exits after S seconds (default 60)
+//       {"event":"flood","failed":F,"opened":O,"t":…}
+//       {"event":"flood-status","closed":C,"open":O,"t":…}
 #if canImport(Glibc)
 import Glibc
 #elseif canImport(Darwin)
@@ -57,6 +67,10 @@ func fail(_ message: String) -> Never {
 }
 
 struct Options {
+    var hold: UInt16?
+    var flood: (host: String, port: UInt16)?
+    var connections = 1_000
+    var duration = 60.0
     var name: String?
     var port: UInt16 = 7000
     var replica = ReplicaID.random()
@@ -92,6 +106,21 @@ func parseOptions(_ arguments: [String]) -> Options {
             options.serviceType = value(argument)
         case "--no-advertise":
             options.advertise = false
+        case "--hold":
+            guard let port = UInt16(value(argument)) else { fail("--hold needs a port") }
+            options.hold = port
+        case "--flood":
+            let target = value(argument)
+            guard let colon = target.lastIndex(of: ":"), let port = UInt16(target[target.index(after: colon)...]) else {
+                fail("--flood needs HOST:PORT")
+            }
+            options.flood = (String(target[..<colon]), port)
+        case "--connections":
+            guard let count = Int(value(argument)), count > 0 else { fail("--connections needs a positive number") }
+            options.connections = count
+        case "--duration":
+            guard let seconds = Double(value(argument)), seconds > 0 else { fail("--duration needs seconds") }
+            options.duration = seconds
         default:
             fail("unknown argument \(argument)")
         }
@@ -100,6 +129,8 @@ func parseOptions(_ arguments: [String]) -> Options {
 }
 
 let options = parseOptions(Array(CommandLine.arguments.dropFirst()))
+if let port = options.hold { holdConnections(port: port) }
+if let (host, port) = options.flood { flood(host: host, port: port, connections: options.connections, seconds: options.duration) }
 let advertisement = options.advertise
     ? PeerAdvertisement(
         serviceName: options.name ?? "peersync-\(options.replica.shortDescription)", port: options.port,
