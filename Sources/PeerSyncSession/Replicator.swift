@@ -25,6 +25,8 @@ public actor Replicator {
     private var timer: Task<Void, Never>?
     private var emptyWaiters: [CheckedContinuation<Void, Never>] = []
     private var closedTraffic = TrafficCounters()
+    /// Ineffective roster entries already logged.
+    private var reportedIneffective: Set<RosterEntryID> = []
     private let commitQueue = DispatchQueue(label: "peersync.commit")
     private nonisolated let subscribers = Mutex<(next: Int, continuations: [Int: AsyncStream<NodeEvent>.Continuation])>((0, [:]))
 
@@ -160,6 +162,14 @@ public actor Replicator {
             emit(.joined(roster))
         }
         let removedSelf = roster.isRemoved(me)
+        // Entries that do not count are kept (the roster is add-only) and said once each.
+        for ineffective in roster.ineffective where !reportedIneffective.contains(ineffective.entry.id) {
+            reportedIneffective.insert(ineffective.entry.id)
+            logger.warning("roster entry has no effect", metadata: [
+                "entry.id": "\(ineffective.entry.id.shortDescription)", "entry.kind": "\(ineffective.entry.kind)",
+                "entry.signer": "\(ineffective.entry.signer.shortForm)", "reason": "\(ineffective.reason)",
+            ])
+        }
         perform(core.updateRoster(roster, identity: identity, now: .now))
         emit(.rosterChanged(roster, removedSelf: removedSelf))
     }
