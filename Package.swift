@@ -98,7 +98,7 @@ let package = Package(
         ),
         .executableTarget(name: "peersync-wire-fuzz", dependencies: ["PeerSyncWire", "PeerSyncCRDT"], path: "Tests/WireFuzz",
                           exclude: ["corpus"]),
-        .testTarget(name: "PeerSyncCLITests", dependencies: ["PeerSyncTestSupport", "peersync"]),
+        .testTarget(name: "PeerSyncCLITests", dependencies: ["PeerSyncTestSupport", "peersync", "PeerSyncStore", "PeerSyncModel"]),
         .testTarget(
             name: "PeerSyncReliabilityTests",
             dependencies: [
