@@ -70,7 +70,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "PeerSyncBenchmarks",
-            dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["PeerSync", "PeerSyncWire", .product(name: "Logging", package: "swift-log")],
             path: "Benchmarks/PeerSyncBenchmarks"
         ),
         .executableTarget(name: "example-shift-scheduler", dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
@@ -98,6 +98,7 @@ let package = Package(
         ),
         .executableTarget(name: "peersync-wire-fuzz", dependencies: ["PeerSyncWire", "PeerSyncCRDT"], path: "Tests/WireFuzz",
                           exclude: ["corpus"]),
+        .executableTarget(name: "peersync-structured-fuzz", dependencies: ["PeerSyncWire", "PeerSyncCRDT"], path: "Tests/StructuredFuzz"),
         .testTarget(name: "PeerSyncCLITests", dependencies: ["PeerSyncTestSupport", "peersync", "PeerSyncStore", "PeerSyncModel"]),
         .testTarget(
             name: "PeerSyncReliabilityTests",
