@@ -39,4 +39,5 @@ echo "fuzz (wire): $runs inputs, no crash"
 # The structured target's inputs are choices, not frames: 512 bytes make several messages.
 SWIFT_BACKTRACE=enable=no .build-fuzz/debug/peersync-structured-fuzz -runs="$structured_runs" -max_total_time="$structured_seconds" -max_len=512 \
   -rss_limit_mb=4096 -artifact_prefix=.build-fuzz/crashes/structured- .build-fuzz/structured-corpus 2>&1 | tail -5
-echo "fuzz (structured): up to $structured_runs inputs${structured_seconds:+ or $structured_seconds s}, no crash"
+bound=""; [ "$structured_seconds" != 0 ] && bound=" or $structured_seconds s"
+echo "fuzz (structured): up to $structured_runs inputs$bound, no crash"
