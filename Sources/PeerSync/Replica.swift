@@ -436,6 +436,10 @@ public actor Replica {
                 if case .peerClosed(.deviceRemoved, _) = reason {
                     // A member's roster says this device was removed: nobody will sync with it.
                     setStatus(.error(.removedFromGroup))
+                } else if peerNames.isEmpty, case .peerClosed(let code, _) = reason,
+                          ![.normal, .shuttingDown, .duplicateConnection].contains(code) {
+                    // The peer refused us (an invite it would not take, clock skew, …): say why.
+                    setStatus(.error(.session(address: info.address, reason: reason)))
                 } else if peerNames.isEmpty {
                     setStatus(.connecting)
                 }

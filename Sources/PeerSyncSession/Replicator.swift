@@ -311,8 +311,10 @@ public actor Replicator {
             let touchedRoster = outcomes.contains { $0.changedRecords.contains { $0.collection == RosterEntry.collection } }
             perform(core.committed(id, outcomes: outcomes, state: storage.snapshot()))
             if touchedRoster { refreshRoster() }
+        case .failure(let error as SyncStorageRefusal):
+            perform(core.commitFailed(id, error: error.detail, refused: true, now: .now, state: storage.snapshot()))
         case .failure(let error):
-            perform(core.commitFailed(id, error: "\(error)", now: .now, state: storage.snapshot()))
+            perform(core.commitFailed(id, error: "\(error)", refused: false, now: .now, state: storage.snapshot()))
         }
     }
 }
