@@ -89,6 +89,11 @@ extension RecordMap {
         var stripped = 0
         var records: [(RecordKey, RecordState)] = []
         for (key, state) in allRecords {
+            // The roster itself is add-only and checked by signature: its records are never dropped.
+            if key.collection == RosterEntry.collection {
+                records.append((key, state))
+                continue
+            }
             var fields = state.fields
             var presence = state.presence
             for (name, register) in state.fields where roster.refusal(of: register.dot) != nil {
