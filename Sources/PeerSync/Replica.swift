@@ -125,7 +125,9 @@ public actor Replica {
     public nonisolated var deviceID: DeviceID { deviceKey.deviceID }
 
     /// The identity sessions use.
-    var identity: LocalIdentity { LocalIdentity(key: deviceKey, groupID: groupID, pendingJoin: pendingJoin) }
+    var identity: LocalIdentity {
+        LocalIdentity(key: deviceKey, groupID: groupID, pendingJoin: pendingJoin, legacySecret: legacySecret)
+    }
 
     public nonisolated var replicaID: ReplicaID { store.replicaID }
     /// The current state (a snapshot; cheap).

@@ -15,6 +15,8 @@ public actor Replicator {
     public nonisolated let replicaID: ReplicaID
     /// This node's device key (sessions sign with it; TLS certificates are made from it).
     public nonisolated let deviceKey: DeviceKey
+    /// An upgraded group's old secret, if any (see ``LocalIdentity/legacySecret``).
+    public nonisolated let legacySecret: GroupSecret?
     public nonisolated let configuration: SyncConfiguration
     nonisolated let storage: any SyncStorage
     nonisolated let logger: Logger
@@ -44,6 +46,7 @@ public actor Replicator {
         self.configuration = configuration
         self.identity = identity
         deviceKey = identity.key
+        legacySecret = identity.legacySecret
         var logger = logger
         logger[metadataKey: "replica"] = "\(replicaID.shortDescription)"
         self.logger = logger

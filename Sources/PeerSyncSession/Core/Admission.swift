@@ -11,11 +11,15 @@ public struct LocalIdentity: Sendable {
     /// Set while this device has not joined yet: the inviter it trusts (named by the invite code)
     /// and the enrol entry it presents.
     public var pendingJoin: PendingJoin?
+    /// A group upgraded from a shared secret keeps it to reach nodes of the previous version
+    /// (TLS 1.2 with its pre-shared key), which are then told to upgrade.
+    public var legacySecret: GroupSecret?
 
-    public init(key: DeviceKey, groupID: GroupID, pendingJoin: PendingJoin? = nil) {
+    public init(key: DeviceKey, groupID: GroupID, pendingJoin: PendingJoin? = nil, legacySecret: GroupSecret? = nil) {
         self.key = key
         self.groupID = groupID
         self.pendingJoin = pendingJoin
+        self.legacySecret = legacySecret
     }
 }
 
