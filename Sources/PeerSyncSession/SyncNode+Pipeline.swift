@@ -5,11 +5,11 @@ import PeerSyncWire
 extension SyncNode {
     /// A connection's pipeline: byte counter, TLS (with the peer's device ID once authenticated),
     /// frame decoder.
-    static func configurePipeline(_ channel: any Channel, tls: DeviceTLS?, dialed: Bool, maxFrame: Int) throws
+    static func configurePipeline(_ channel: any Channel, tls: DeviceTLS?, dialed: Bool, maxFrame: Int, legacy: Bool = false) throws
         -> (NIOAsyncChannel<InboundFrame, ByteBuffer>, TLSPeer?)
     {
         try channel.pipeline.syncOperations.addHandler(ByteCounter(), name: "bytes")
-        let peer = try tls?.configure(channel, dialed: dialed)
+        let peer = legacy ? try tls?.configureLegacyClient(channel) : try tls?.configure(channel, dialed: dialed)
         try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder(maxFrameBytes: maxFrame)))
         return (try NIOAsyncChannel(wrappingChannelSynchronously: channel), peer)
     }

@@ -38,7 +38,8 @@ public actor SyncNode {
         self.logger = logger
         // TLS admits every device: the session layer authenticates it again and asks the roster,
         // so a refused device gets a reason it can act on instead of a failed handshake.
-        tls = replicator.configuration.security == .tls ? try DeviceTLS(key: replicator.deviceKey) { _ in true } : nil
+        tls = replicator.configuration.security == .tls
+            ? try DeviceTLS(key: replicator.deviceKey, legacySecret: replicator.legacySecret) { _ in true } : nil
         inbound = InboundLimiter(limits: replicator.configuration.limits) { [logger, replicator] report in
             logger.warning("inbound connections refused: limit reached", metadata: [
                 "refused.overTotal": "\(report.overTotal)", "refused.overAddress": "\(report.overAddress)",
@@ -184,6 +185,17 @@ public actor SyncNode {
            await replicator.peers().contains(where: { $0.info.replicaID == replica }) {
             return nil
         }
+        let result = await connect(address, legacy: false, established: established)
+        // A node of the previous version only speaks TLS 1.2 with the old group secret: try
+        // that once, so it hears "upgrade" instead of a failed handshake.
+        guard case .handshakeFailed = result.reason, !result.established, tls?.legacyClientContext != nil, !stopped else {
+            return result
+        }
+        return await connect(address, legacy: true, established: established)
+    }
+
+    /// Connects to `address` (over the old TLS 1.2 PSK if `legacy`) and runs the session.
+    private func connect(_ address: PeerAddress, legacy: Bool, established: @escaping @Sendable () -> Void) async -> Dialer.Result {
         let tls = self.tls
         let maxFrame = configuration.limits.maxFrameBytes
         do {
@@ -192,7 +204,7 @@ public actor SyncNode {
                 .channelOption(.socketOption(.tcp_nodelay), value: 1)
                 .connect(host: address.host, port: Int(address.port)) { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try Self.configurePipeline(channel, tls: tls, dialed: true, maxFrame: maxFrame)
+                        try Self.configurePipeline(channel, tls: tls, dialed: true, maxFrame: maxFrame, legacy: legacy)
                     }
                 }
             return await run(channel, tls: peer, address: address.description, initiator: true, established: established)
@@ -223,6 +235,8 @@ public actor SyncNode {
             defer { timeout.cancel() }
             do {
                 device = try await tls.authenticated.get()
+            } catch DeviceTLSError.legacyPeer {
+                device = nil  // a node of the previous version: the session tells it to upgrade
             } catch {
                 try? await raw.close()
                 logger.warning("session refused", metadata: ["peer.address": "\(address)", "reason": "\(SessionEndReason.handshakeFailed(detail: "\(error)"))"])
