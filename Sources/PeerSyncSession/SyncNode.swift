@@ -48,7 +48,8 @@ public actor SyncNode {
             replicator.emit(.connectionsRefused(overTotal: report.overTotal, overAddress: report.overAddress,
                                                 lastAddress: report.lastAddress))
         }
-        dialer = Dialer(settings: DialScheduler.Settings(limits: replicator.configuration.limits, timing: replicator.configuration.timing))
+        dialer = Dialer(settings: DialScheduler.Settings(limits: replicator.configuration.limits, timing: replicator.configuration.timing),
+                        logger: logger)
     }
 
     /// A node with its own replicator over `storage`.

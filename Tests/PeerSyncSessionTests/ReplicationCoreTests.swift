@@ -232,6 +232,38 @@ struct ReplicationCoreTests {
         #expect(b.state.digest == a.state.digest)
     }
 
+    @Test("a peer that never reads: 10,000 pings and 1,000 acks leave one pong, one ack and one digest queued")
+    func controlMessagesBounded() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        try a.write { try $0.save(Location(name: "x")) }
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        // b keeps sending; nobody pulls a's output.
+        let ack = try #require(try rawFrames(Message.ack(b.state.context, neighbors: nil).encodedFrame()).first)
+        for nonce in 0..<10_000 {
+            let ping = try #require(try rawFrames(Message.ping(UInt64(nonce)).encodedFrame()).first)
+            a.handle(a.core.receive(link.aSession, type: ping.type, body: ping.body, now: t0, wallClock: HybridLogicalClock.wallClock(),
+                                    state: a.state))
+            if nonce % 10 == 0 {
+                a.handle(a.core.receive(link.aSession, type: ack.type, body: ack.body, now: t0, wallClock: HybridLogicalClock.wallClock(),
+                                        state: a.state))
+            }
+        }
+        let out = try #require(a.core.session(link.aSession)?.out)
+        #expect(out.pong == 9_999, "only the latest ping is answered")
+        #expect(out.deltas == nil && out.catchUp == nil && out.nextCatchUp == nil)
+        // What a finally sends is a few frames, not 11,000.
+        let (batch, actions) = a.core.nextBatch(link.aSession, budget: 1 << 20, now: t0 + .milliseconds(300), state: a.state)
+        a.handle(actions)
+        let messages = try decodeFrames(try #require(batch).bytes)
+        #expect(messages.count <= 4, "\(messages)")
+        #expect(messages.filter { if case .pong = $0 { true } else { false } }.count == 1)
+        #expect(messages.filter { if case .ack = $0 { true } else { false } }.count <= 1)
+        #expect(messages.filter { if case .digest = $0 { true } else { false } }.count <= 1)
+        #expect(a.core.session(link.aSession)?.phase == .established)
+    }
+
     @Test("a quiet session exchanges acks and digests and reports convergence")
     func digestsWhenQuiet() throws {
         var a = CoreNode("a")

@@ -1,3 +1,5 @@
+import Logging
+
 /// Carries out a node's ``DialScheduler``: starts the attempts it decides on, sleeps until the
 /// next one is due (or an attempt ends), and reports how each attempt ended. The attempt itself
 /// — connect, TLS, the session until it ends — is the node's (`attempt`).
@@ -19,9 +21,11 @@ actor Dialer {
     private var waiter: CheckedContinuation<Void, Never>?
     private var wakePending = false
     private var stopped = false
+    private let logger: Logger
 
-    init(settings: DialScheduler.Settings) {
+    init(settings: DialScheduler.Settings, logger: Logger) {
         scheduler = DialScheduler(settings: settings)
+        self.logger = logger
     }
 
     /// Starts dialing with `attempt`, which runs one attempt; it returns nil when it made none
@@ -79,7 +83,15 @@ actor Dialer {
         }
         let outcome = result.map { DialScheduler.Outcome(reason: $0.reason, established: $0.established, lasted: $0.lasted) }
             ?? .connectedElsewhere
-        scheduler.ended(address, outcome, now: .now, jitter: .random(in: -1...1))
+        let now = ContinuousClock.now
+        scheduler.ended(address, outcome, now: now, jitter: .random(in: -1...1))
+        if outcome == .rejected, let target = scheduler.targets[address], case .waiting(let until) = target.phase {
+            // One line per refused attempt: with the backoff, a few a minute at most per address.
+            logger.info("dialed peer refused or failed to authenticate; redialing later", metadata: [
+                "peer.address": "\(address)", "dial.refusals": "\(target.rejections)",
+                "dial.retryInSeconds": "\((until - now).components.seconds)",
+            ])
+        }
         running[address] = nil
         wake()
     }
