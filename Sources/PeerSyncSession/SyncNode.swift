@@ -16,6 +16,9 @@ public actor SyncNode {
     private nonisolated let tls: DeviceTLS?
     private var server: NIOAsyncChannel<(NIOAsyncChannel<InboundFrame, ByteBuffer>, TLSPeer?), Never>?
     private var tasks: [Task<Void, Never>] = []
+    /// The accept loop: never cancelled, it ends when the listener closes, after it has consumed
+    /// every connection already accepted (NIO traps on an accepted channel left unconsumed).
+    private var acceptTask: Task<Void, Never>?
     private var connections: [ObjectIdentifier: any Channel] = [:]
     /// Dialed address → replica it turned out to be (to avoid dialing a peer connected the other way).
     private var addressReplica: [String: ReplicaID] = [:]
@@ -80,7 +83,7 @@ public actor SyncNode {
             port = UInt16(server.channel.localAddress?.port ?? Int(listen.port))
             logger.info("listening", metadata: ["listen.port": "\(port)", "listen.host": "\(listen.host)"])
             replicator.emit(.listening(port: port))
-            tasks.append(Task { await self.acceptLoop(server) })
+            acceptTask = Task { await self.acceptLoop(server) }
         }
         for peer in configuration.peers { addPeer(peer) }
         return port
@@ -104,7 +107,9 @@ public actor SyncNode {
         try? await server?.channel.close()
         for channel in connections.values { try? await channel.close() }
         for task in tasks { await task.value }
+        await acceptTask?.value
         tasks = []
+        acceptTask = nil
         logger.info("stopped")
     }
 
@@ -184,9 +189,12 @@ public actor SyncNode {
     private func run(_ channel: NIOAsyncChannel<InboundFrame, ByteBuffer>, tls: TLSPeer?, address: String, initiator: Bool) async -> Bool {
         let raw = channel.channel
         guard !stopped else {
-            try? await raw.close()
+            try? await channel.executeThenClose { _, _ in }
             return true
         }
+        // Known from the start, so that `stop()` closes it even mid-handshake.
+        connections[ObjectIdentifier(raw)] = raw
+        defer { connections[ObjectIdentifier(raw)] = nil }
         var device: DeviceID?
         if let tls {
             // The session starts once TLS knows the peer's device (bounded by the handshake timeout).
@@ -199,15 +207,17 @@ public actor SyncNode {
             } catch DeviceTLSError.legacyPeer {
                 device = nil  // a node of the previous version: the session tells it to upgrade
             } catch {
-                try? await raw.close()
+                try? await channel.executeThenClose { _, _ in }
                 logger.warning("session refused", metadata: ["peer.address": "\(address)", "reason": "\(SessionEndReason.handshakeFailed(detail: "\(error)"))"])
                 replicator.emit(.sessionRefused(address: address, reason: .handshakeFailed(detail: "\(error)")))
                 return false
             }
         }
+        guard !stopped else {
+            try? await channel.executeThenClose { _, _ in }
+            return true
+        }
         let origin = SessionOrigin(address: address, initiator: initiator, transportDevice: device)
-        connections[ObjectIdentifier(raw)] = raw
-        defer { connections[ObjectIdentifier(raw)] = nil }
         let counter = try? await raw.pipeline.handler(type: ByteCounter.self).get()
         var counters: (@Sendable () -> (read: Int, written: Int))?
         if let counter { counters = { (read: counter.read, written: counter.written) } }

@@ -96,6 +96,18 @@ struct DevicesTests {
         try await late.sync([admin])
         #expect(await eventually { await statusText(late).contains("expired") })
         #expect(late.names().isEmpty)
+
+        // A revoked invite: refused with "revoked"; revoking it (or a used one) again says why not.
+        let revoked = try await admin.replica.invite()
+        try await admin.replica.revokeInvite(revoked)
+        await #expect(throws: DeviceAdministrationError.self) { try await admin.replica.revokeInvite(revoked) }
+        await #expect(throws: DeviceAdministrationError.self) { try await admin.replica.revokeInvite(codes[1]) }
+        let turnedAway = try Device { try Replica.join(at: $0, name: "turned away", invite: revoked, logger: $1) }
+        defer { Task { await turnedAway.close() } }
+        try await turnedAway.sync([admin])
+        #expect(await eventually { await statusText(turnedAway).contains("revoked") })
+        #expect(turnedAway.names().isEmpty)
+        #expect(admin.replica.roster().devices[turnedAway.replica.deviceID] == nil)
     }
 
     @Test("a removed device: every node that learns of it drops its sessions within 5 s; its edits never land, members' never reach it")

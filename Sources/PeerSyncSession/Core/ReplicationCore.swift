@@ -327,6 +327,11 @@ struct ReplicationCore {
                                  peer: hello.replicaID, group: settings.identity.groupID) else {
             return refuse(id, .notAdmitted, "authentication failed: the peer does not hold the device key it names", now: now)
         }
+        // A device of a group upgraded from a shared secret enrolled itself, offline: a peer that
+        // has not seen that entry yet learns it here (to a peer that has, it is harmless).
+        if settings.identity.legacySecret != nil, let enrol = ownLegacyEnrol {
+            sessions[id]!.out.join = enrol
+        }
         switch roster.admission(of: key.deviceID, pendingJoin: settings.identity.pendingJoin) {
         case .refused(let reason, let text):
             return refuse(id, reason, text, now: now)
@@ -341,6 +346,12 @@ struct ReplicationCore {
             }
             return actions
         }
+    }
+
+    /// This device's legacy enrolment entry, if it has one.
+    private var ownLegacyEnrol: [UInt8]? {
+        let me = settings.identity.key.deviceID
+        return roster.entries.values.first { $0.kind == .legacyEnrol && $0.signer == me }?.bytes
     }
 
     /// An unknown device presents the roster entry that should admit it.
