@@ -106,6 +106,7 @@ extension ReplicaStore {
                 }
                 inner.state = try pool.read { db in try Self.loadState(db, physicalClock: physicalClock, keeping: inner.state.conflicts) }
             }
+            try flushToDisk()  // the new replica ID is durable before anything is written with it
         } catch {
             throw StoreError.wrap(error, path: path)
         }
