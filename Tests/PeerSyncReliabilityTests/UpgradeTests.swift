@@ -49,8 +49,11 @@ struct UpgradeTests {
         #expect(!before.0.locations.isEmpty && !before.1.shiftTypes.isEmpty)
         #expect(before.0 != before.1)  // the laptop made an edit the office never saw
 
-        let a = try Replica(store: ReplicaStore.open(directory: office), directory: office, logger: Logger(label: "office"))
-        let b = try Replica(store: ReplicaStore.open(directory: laptop), directory: laptop, logger: Logger(label: "laptop"))
+        let lines = RecordingLogHandler.Lines()
+        let a = try Replica(store: ReplicaStore.open(directory: office), directory: office,
+                            logger: RecordingLogHandler.logger("office", into: lines, level: .info))
+        let b = try Replica(store: ReplicaStore.open(directory: laptop), directory: laptop,
+                            logger: RecordingLogHandler.logger("laptop", into: lines, level: .info))
         // Every record kept, as it was.
         #expect(try data(a.state) == before.0)
         #expect(try data(b.state) == before.1)
@@ -65,6 +68,8 @@ struct UpgradeTests {
         #expect(try data(a.state) == data(b.state))
         #expect(Set(try data(a.state).shiftTypes).isSuperset(of: before.0.shiftTypes + before.1.shiftTypes) || before.0.shiftTypes.isEmpty)
         #expect(a.roster().activeDevices.count == 2)
+        // Each presented its enrolment at once: no session waited out the admission timeout.
+        #expect(!lines.all.contains { $0.contains("no admission within") }, "\(lines.all.filter { $0.contains("admission") })")
         // An admin closes the group to the old secret once everyone has upgraded.
         try await a.closeLegacyEnrolment()
         #expect(await eventually { b.roster().isLegacyEnrolmentClosed })

@@ -337,7 +337,9 @@ struct ReplicationCore {
             return refuse(id, reason, text, now: now)
         case .candidate:
             sessions[id]!.phase = .joining
-            return [.log(CoreLog(.info, "an unknown device asks to join", sessionMetadata(session, ["peer.device": key.deviceID.shortForm])))]
+            let asked = CoreLog(.info, "an unknown device asks to join", sessionMetadata(session, ["peer.device": key.deviceID.shortForm]))
+            // Our own legacy enrolment (set above) goes out now: the peer may not know us either.
+            return sessions[id]!.out.join == nil ? [.log(asked)] : [.log(asked), .wake(id)]
         case .member:
             var actions = register(id, hello: hello, now: now, state: state)
             if let join = settings.identity.pendingJoin, key.deviceID == join.inviter, sessions[id]?.phase == .established {
