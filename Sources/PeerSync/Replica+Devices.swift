@@ -22,6 +22,8 @@ public enum DeviceAdministrationError: Error, Sendable, Equatable, CustomStringC
     case noLegacyEnrolment
     /// An entry could not be built (a name too long, …).
     case invalidEntry(String)
+    /// The invite cannot be revoked: it is unknown here, used, revoked or expired already.
+    case inviteNotOpen(String)
 
     public var description: String {
         switch self {
@@ -32,6 +34,7 @@ public enum DeviceAdministrationError: Error, Sendable, Equatable, CustomStringC
         case .alreadyRemoved(let id): "device \(id) is already removed"
         case .noLegacyEnrolment: "this group has no open legacy enrolment (it was not upgraded from a shared secret, or it is closed already)"
         case .invalidEntry(let detail): "invalid roster entry: \(detail)"
+        case .inviteNotOpen(let reason): "nothing to revoke: \(reason)"
         }
     }
 }
@@ -246,6 +249,9 @@ extension Replica {
 
     /// Revokes an unused invite (by its code). Admins only.
     public func revokeInvite(_ code: InviteCode) async throws {
+        if let refusal = roster().joinRefusal(token: code.token, now: HybridLogicalClock.wallClock()) {
+            throw DeviceAdministrationError.inviteNotOpen(refusal)
+        }
         try await writeRosterEntry(adminOnly: true) { _, context, _ in
             try RosterEntry.make(.revokeInvite(code.token.hash), context: context, signer: deviceKey)
         }

@@ -372,7 +372,7 @@ public actor Replica {
     ///
     /// - Throws: ``BundleError/notJoined`` for everyone (nil) before this device's join completed:
     ///   it knows no member's key yet.
-    public nonisolated func makeBundle(for peer: (device: DevicePublicKey, context: CausalContext)?) throws(BundleError) -> [UInt8] {
+    public nonisolated func makeBundle(for peer: BundleContext?) throws(BundleError) -> [UInt8] {
         let state = store.state
         let delta = peer.map { state.delta(missingFrom: $0.context) } ?? state.records
         let members = roster().activeDevices.map(\.publicKey)
@@ -390,7 +390,7 @@ public actor Replica {
     }
 
     /// Reads a context file made by a device of this group.
-    public nonisolated func readBundleContext(_ bytes: [UInt8]) throws(BundleError) -> (device: DevicePublicKey, context: CausalContext) {
+    public nonisolated func readBundleContext(_ bytes: [UInt8]) throws(BundleError) -> BundleContext {
         try SyncBundle.openContext(bytes, groupID: groupID)
     }
 

@@ -141,9 +141,16 @@ struct SessionStateMachine {
 }
 
 func formatSeconds(_ seconds: Double) -> String {
-    if seconds >= 3600 { return "\(Int(seconds / 3600)) h \(Int(seconds.truncatingRemainder(dividingBy: 3600) / 60)) min" }
-    if seconds >= 60 { return "\(Int(seconds / 60)) min \(Int(seconds.truncatingRemainder(dividingBy: 60))) s" }
-    return "\(Int(seconds.rounded())) s"
+    // Rounded, not truncated: an offset measured as 3,599.9 s (an hour less the transit time)
+    // reads "1 h 0 min" on both sides of the session.
+    guard seconds.isFinite, seconds < 1e15 else { return "\(seconds) s" }
+    let whole = Int(seconds.rounded())
+    if whole >= 3600 {
+        let minutes = (whole + 30) / 60
+        return "\(minutes / 60) h \(minutes % 60) min"
+    }
+    if whole >= 60 { return "\(whole / 60) min \(whole % 60) s" }
+    return "\(whole) s"
 }
 
 /// The checks every delta from outside — a peer's frame, a bundle — passes before anything of it

@@ -25,6 +25,19 @@ import PeerSyncWire
 /// context = "PSCONTEXT" u8(2) varint(n) body(n bytes: fields 1 group (bytes16), 2 replica (bytes16),
 ///           3 device key (bytes65), 4 context (context blob, §6.2)) signature(64, over "peersync context v2" 00 ‖ the rest)
 /// ```
+/// What a device has, as its signed context file says: the device and its causal context.
+public struct BundleContext: Sendable, Equatable {
+    /// The device that made the context file (bundles for it are encrypted to this key).
+    public var device: DevicePublicKey
+    /// Everything that device had seen when it wrote the file.
+    public var context: CausalContext
+
+    public init(device: DevicePublicKey, context: CausalContext) {
+        self.device = device
+        self.context = context
+    }
+}
+
 public enum SyncBundle {
     static let magic = Array("PSBUNDLE".utf8)
     static let contextMagic = Array("PSCONTEXT".utf8)
@@ -154,7 +167,7 @@ public enum SyncBundle {
     }
 
     /// Reads a context file of group `groupID`: the device it is from and what it has.
-    public static func openContext(_ bytes: [UInt8], groupID: GroupID) throws(BundleError) -> (DevicePublicKey, CausalContext) {
+    public static func openContext(_ bytes: [UInt8], groupID: GroupID) throws(BundleError) -> BundleContext {
         var reader = ByteReader(bytes)
         let body = try framed(&reader, magic: contextMagic, what: "context file")
         let signed = Array(bytes[..<reader.offset])
@@ -164,7 +177,7 @@ public enum SyncBundle {
             guard GroupID(bytes: try f.bytes(1, "group")) == groupID else { throw BundleError.otherGroup }
             guard let key = DevicePublicKey(x963: try f.bytes(3, "device key")) else { throw BundleError.malformed("device key") }
             guard key.isValidSignature(Array(bytes[reader.offset...]), for: contextDomain + signed) else { throw BundleError.tampered }
-            return (key, try CausalContext(blob: try f.bytes(4, "context")))
+            return BundleContext(device: key, context: try CausalContext(blob: try f.bytes(4, "context")))
         } catch let error as BundleError {
             throw error
         } catch {

@@ -3,6 +3,15 @@ import NIOSSL
 import PeerSyncWire
 
 extension SyncNode {
+    /// What the limits refused so far, and the dialing now.
+    public func limitStatus() async -> LimitStatus {
+        let counts = inbound.counts
+        let dials = await dialer.status()
+        return LimitStatus(refusedOverTotal: counts.overTotal, refusedOverAddress: counts.overAddress, inboundOpen: counts.open,
+                           dialTargets: dials.targets, dialing: dials.dialing, dialingPeak: dials.peak,
+                           rejectedTargets: dials.rejected, dialAttempts: dials.attempts)
+    }
+
     /// A connection's pipeline: byte counter, TLS (with the peer's device ID once authenticated),
     /// frame decoder.
     static func configurePipeline(_ channel: any Channel, tls: DeviceTLS?, dialed: Bool, maxFrame: Int, legacy: Bool = false) throws

@@ -20,9 +20,12 @@ public actor SyncNode {
     private nonisolated let tls: DeviceTLS?
     private var server: NIOAsyncChannel<(NIOAsyncChannel<InboundFrame, ByteBuffer>, TLSPeer?), Never>?
     private var tasks: [Task<Void, Never>] = []
+    /// The accept loop: never cancelled, it ends when the listener closes, after it has consumed
+    /// every connection already accepted (NIO traps on an accepted channel left unconsumed).
+    private var acceptTask: Task<Void, Never>?
     private var connections: [ObjectIdentifier: any Channel] = [:]
-    private nonisolated let inbound: InboundLimiter
-    private let dialer: Dialer
+    nonisolated let inbound: InboundLimiter
+    let dialer: Dialer
     /// Dialed address → replica it turned out to be (to avoid dialing a peer connected the other way).
     private var addressReplica: [String: ReplicaID] = [:]
     private var stopped = false
@@ -71,15 +74,6 @@ public actor SyncNode {
     /// Bytes and frames of every session so far, TLS records included.
     public func traffic() async -> TrafficCounters { await replicator.traffic() }
 
-    /// What the limits refused so far, and the dialing now.
-    public func limitStatus() async -> LimitStatus {
-        let counts = inbound.counts
-        let dials = await dialer.status()
-        return LimitStatus(refusedOverTotal: counts.overTotal, refusedOverAddress: counts.overAddress, inboundOpen: counts.open,
-                           dialTargets: dials.targets, dialing: dials.dialing, dialingPeak: dials.peak,
-                           rejectedTargets: dials.rejected, dialAttempts: dials.attempts)
-    }
-
     // MARK: - Lifecycle
 
     /// Starts listening (if the configuration says where) and dialing the configured peers.
@@ -110,7 +104,7 @@ public actor SyncNode {
             port = UInt16(server.channel.localAddress?.port ?? Int(listen.port))
             logger.info("listening", metadata: ["listen.port": "\(port)", "listen.host": "\(listen.host)"])
             replicator.emit(.listening(port: port))
-            tasks.append(Task { await self.acceptLoop(server) })
+            acceptTask = Task { await self.acceptLoop(server) }
         }
         for peer in configuration.peers { await addPeer(peer) }
         return port
@@ -156,8 +150,10 @@ public actor SyncNode {
         try? await server?.channel.close()
         for channel in connections.values { try? await channel.close() }
         for task in tasks { await task.value }
+        await acceptTask?.value
         await dialer.finish()
         tasks = []
+        acceptTask = nil
         logger.info("stopped")
     }
 
@@ -222,9 +218,10 @@ public actor SyncNode {
                      established: (@Sendable () -> Void)? = nil) async -> Dialer.Result {
         let raw = channel.channel
         guard !stopped else {
-            try? await raw.close()
+            try? await channel.executeThenClose { _, _ in }
             return Dialer.Result(reason: .localShutdown, established: false, lasted: .zero)
         }
+        // Known from the start, so that `stop()` closes it even mid-handshake.
         connections[ObjectIdentifier(raw)] = raw
         defer { connections[ObjectIdentifier(raw)] = nil }
         var device: DeviceID?
@@ -239,11 +236,15 @@ public actor SyncNode {
             } catch DeviceTLSError.legacyPeer {
                 device = nil  // a node of the previous version: the session tells it to upgrade
             } catch {
-                try? await raw.close()
+                try? await channel.executeThenClose { _, _ in }
                 logger.warning("session refused", metadata: ["peer.address": "\(address)", "reason": "\(SessionEndReason.handshakeFailed(detail: "\(error)"))"])
                 replicator.emit(.sessionRefused(address: address, reason: .handshakeFailed(detail: "\(error)")))
                 return Dialer.Result(reason: stopped ? .localShutdown : .handshakeFailed(detail: "\(error)"), established: false, lasted: .zero)
             }
+        }
+        guard !stopped else {
+            try? await channel.executeThenClose { _, _ in }
+            return Dialer.Result(reason: .localShutdown, established: false, lasted: .zero)
         }
         let origin = SessionOrigin(address: address, initiator: initiator, transportDevice: device)
         let counter = try? await raw.pipeline.handler(type: ByteCounter.self).get()

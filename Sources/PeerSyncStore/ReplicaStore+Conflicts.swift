@@ -45,6 +45,7 @@ extension ReplicaStore {
                 try db.execute(sql: "UPDATE conflict SET resolved = ? WHERE seq = ?", arguments: [resolved, id])
                 return db.changesCount > 0
             }
+            try flushToDisk()
         } catch {
             throw StoreError.wrap(error, path: path)
         }

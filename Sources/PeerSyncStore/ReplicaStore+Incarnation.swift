@@ -19,6 +19,14 @@ public struct IncarnationChange: Sendable, Equatable, CustomStringConvertible {
     }
 }
 
+/// One replica ID a store has written with: when it started and why.
+public struct Incarnation: Sendable, Equatable {
+    public let replicaID: ReplicaID
+    public let startedAt: Date
+    /// "created", "adopted" (a store from before incarnations), or why the ID changed.
+    public let reason: String
+}
+
 /// A dot must never be issued twice. A store file copied to another machine, or put back from a
 /// backup, would issue again the counters its twin or its former self already used. So a store
 /// is bound to the machine and the file it lives in; when opening finds the binding broken it
@@ -44,13 +52,13 @@ extension ReplicaStore {
     public var incarnationChange: IncarnationChange? { inner.withLock { $0.incarnationChange } }
 
     /// Every replica ID this store has written with, oldest first.
-    public func incarnations() throws(StoreError) -> [(replicaID: ReplicaID, startedAt: Date, reason: String)] {
+    public func incarnations() throws(StoreError) -> [Incarnation] {
         do {
             return try pool.read { db in
                 try Row.fetchAll(db, sql: "SELECT replicaID, startedAt, reason FROM incarnation ORDER BY startedAt").compactMap { row in
                     guard let id = ReplicaID(hex: row[0]) else { return nil }
                     let ms: Int64 = row[1]
-                    return (id, Date(timeIntervalSince1970: Double(ms) / 1000), row[2])
+                    return Incarnation(replicaID: id, startedAt: Date(timeIntervalSince1970: Double(ms) / 1000), reason: row[2])
                 }
             }
         } catch {
@@ -106,6 +114,7 @@ extension ReplicaStore {
                 }
                 inner.state = try pool.read { db in try Self.loadState(db, physicalClock: physicalClock, keeping: inner.state.conflicts) }
             }
+            try flushToDisk()  // the new replica ID is durable before anything is written with it
         } catch {
             throw StoreError.wrap(error, path: path)
         }

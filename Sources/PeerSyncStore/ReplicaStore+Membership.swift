@@ -42,6 +42,7 @@ extension ReplicaStore {
                     Data(membership.groupID), membership.joinInviter.map { Data($0) }, membership.joinEntry.map { Data($0) },
                 ])
             }
+            try flushToDisk()
         } catch {
             throw StoreError.wrap(error, path: path)
         }

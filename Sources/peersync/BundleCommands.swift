@@ -31,7 +31,7 @@ struct BundleCommand: AsyncParsableCommand {
 
         func run() async throws {
             let replica = try options.openReplica()
-            var peer: (device: DevicePublicKey, context: CausalContext)?
+            var peer: BundleContext?
             if let contextFile {
                 let bytes = try readFile(contextFile)
                 do {

@@ -53,8 +53,17 @@ struct Invite: AsyncParsableCommand {
     @OptionGroup var options: StoreOptions
     @Option(help: "How long the code stays valid: 24h, 30m, 7d… (default 24h).") var expires = "24h"
     @Option(help: "The new device's role: member or admin.") var role = "member"
+    @Option(help: "Revoke this unused invite code instead of making one.") var revoke: String?
 
     func run() async throws {
+        if let revoke {
+            let code: InviteCode
+            do { code = try InviteCode(parsing: revoke) } catch { throw CLIError("--revoke: \(error)") }
+            let replica = try options.openReplica()
+            do { try await replica.revokeInvite(code) } catch let error as DeviceAdministrationError { throw CLIError("\(error)") }
+            print("invite revoked: a device that tries it now is told so")
+            return
+        }
         let role: DeviceRole = switch self.role {
         case "member": .member
         case "admin": .admin

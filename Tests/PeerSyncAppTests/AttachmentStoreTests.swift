@@ -20,7 +20,7 @@ func randomData(_ count: Int, seed: UInt64) -> Data {
     return Data((0..<count).map { _ in UInt8.random(in: 0...255, using: &rng) })
 }
 
-@Suite("Attachments: the store", .timeLimit(.minutes(3)))
+@Suite("Attachments: the store", .timeLimit(.minutes(6)))
 struct AttachmentStoreTests {
     @Test("an attachment encodes as a map of sha256, size and type, and is found in nested values")
     func encoding() throws {

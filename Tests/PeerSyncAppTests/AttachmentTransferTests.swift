@@ -6,7 +6,7 @@ import Testing
 
 /// The pure transfer state machine, driven against a real attachment directory and fake peers
 /// that serve ranges from byte arrays (no sockets: the session shell is the lead's).
-@Suite("Attachments: the transfer state machine", .timeLimit(.minutes(3)))
+@Suite("Attachments: the transfer state machine", .timeLimit(.minutes(6)))
 struct AttachmentTransferTests {
     let p1 = ReplicaID(high: 1, low: 1)
     let p2 = ReplicaID(high: 2, low: 2)

@@ -6,7 +6,7 @@ import Testing
 struct ImportFailed: Error {}
 
 /// Batches: one transaction, one delta, all or nothing — also across kill -9.
-@Suite("Batches", .timeLimit(.minutes(3)))
+@Suite("Batches", .timeLimit(.minutes(6)))
 struct BatchTests {
     @Test("a batch commits one transaction and ships one delta")
     func oneTransactionOneDelta() async throws {

@@ -77,12 +77,12 @@ final class Recorder<Element: Sendable>: Sendable {
     var error: String? { storage.failure.withLock { $0 } }
 
     /// Waits until at least `count` elements arrived; returns whether they did in time.
-    func wait(count: Int, timeout: Duration = .seconds(20)) async -> Bool {
+    func wait(count: Int, timeout: Duration = .seconds(60)) async -> Bool {
         await eventually(timeout: timeout, every: .milliseconds(2)) { self.count >= count }
     }
 
     /// Waits until the last element satisfies `condition`.
-    func wait(timeout: Duration = .seconds(20), until condition: @escaping (Element) -> Bool) async -> Bool {
+    func wait(timeout: Duration = .seconds(60), until condition: @escaping (Element) -> Bool) async -> Bool {
         await eventually(timeout: timeout, every: .milliseconds(2)) { self.last.map(condition) ?? false }
     }
 
@@ -96,7 +96,7 @@ final class Recorder<Element: Sendable>: Sendable {
 /// Waits until observations of `replica` have looked at changes `rounds` more times than
 /// `before` (so a change known to have been published was processed, emitting or not).
 func waitForRounds(_ replica: Replica, after before: Int, rounds: Int = 1) async -> Bool {
-    await eventually(timeout: .seconds(20), every: .milliseconds(1)) { replica.appSupport.observationRounds >= before + rounds }
+    await eventually(timeout: .seconds(60), every: .milliseconds(1)) { replica.appSupport.observationRounds >= before + rounds }
 }
 
 /// PeerSync's attachment (Swift Testing has a type of that name too).

@@ -4,7 +4,7 @@ import PeerSyncTestSupport
 import Testing
 
 /// Live queries over real stores: what they emit, when, and in which order.
-@Suite("Live queries", .timeLimit(.minutes(3)))
+@Suite("Live queries", .timeLimit(.minutes(6)))
 struct LiveQueryTests {
     let byTitle = [KeyPathComparator(\ShiftType.title)]
 

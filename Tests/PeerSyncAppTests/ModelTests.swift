@@ -7,7 +7,7 @@ import Testing
 
 /// The `@Observable` model, used as a SwiftUI view would: read on the main actor, redrawn when
 /// a property it read changes.
-@Suite("Observable model", .timeLimit(.minutes(3)))
+@Suite("Observable model", .timeLimit(.minutes(6)))
 struct ModelTests {
     @Test("the model follows records, status, peers and conflicts; observation tracking fires")
     func followsTheReplica() async throws {

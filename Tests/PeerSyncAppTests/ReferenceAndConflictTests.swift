@@ -16,7 +16,7 @@ struct TypedShiftType: SyncRecord, Hashable {
     var locationID: Reference<Location>?
 }
 
-@Suite("References", .timeLimit(.minutes(3)))
+@Suite("References", .timeLimit(.minutes(6)))
 struct ReferenceTests {
     @Test("a Reference encodes as the UUID field a plain UUID property writes")
     func wireCompatible() throws {
@@ -73,7 +73,7 @@ struct ReferenceTests {
     }
 }
 
-@Suite("Conflicts API", .timeLimit(.minutes(3)))
+@Suite("Conflicts API", .timeLimit(.minutes(6)))
 struct ConflictAPITests {
     /// Makes one concurrent overwrite of `title` in `app`'s replica: a remote replica "Ben"
     /// edits the same field later. Returns Ben's replica ID.

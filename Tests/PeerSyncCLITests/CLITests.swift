@@ -163,7 +163,7 @@ struct CLITests {
             let lists = try stores.map { try cli(in: $0, ["shift-type", "list", "--json"]).stdout }
             return Set(lists).count == 1
         }
-        #expect(await eventually(timeout: .seconds(30)) { (try? converged()) ?? false })
+        #expect(await eventually { (try? converged()) ?? false })
         #expect(try status(stores[0]).records["shiftTypes"] == 15)
 
         // Kill node 1 without warning; edit elsewhere and on its store while it is down.
@@ -172,7 +172,7 @@ struct CLITests {
         try cli(in: stores[2], ["location", "add", "--name", "Added on 2 while 1 was dead"])
         try cli(in: stores[1], ["shift-type", "add", "--symbol", "K1", "--title", "Offline edit on 1", "--duration", "4h"])
         nodes[1] = try startNode(1, peers: [a])
-        #expect(await eventually(timeout: .seconds(30)) { (try? converged()) ?? false })
+        #expect(await eventually { (try? converged()) ?? false })
         let titles = try cli(in: stores[2], ["shift-type", "list"]).stdout
         #expect(titles.contains("While 1 was dead") && titles.contains("Offline edit on 1"))
         #expect(try status(stores[1]).records["shiftTypes"] == 17)

@@ -85,7 +85,7 @@ struct RestoreAndCopyTests {
         try await a!.save(Location(name: "offline after the restore"))
         _ = try await sync(a!, peers: [portB])
         let all = ["before the backup", "offline after the restore", "one", "three", "two"]
-        #expect(await eventually(timeout: .seconds(30)) {
+        #expect(await eventually {
             (try? names(a!)) == all && (try? names(b)) == all && a!.state.digest == b.state.digest
         }, "a: \((try? names(a!)) ?? []) b: \((try? names(b)) ?? []) log: \(lines.all.filter { $0.contains("warning") })")
         // The same file overwritten: only the peer can tell. A new file: the store sees it at open,

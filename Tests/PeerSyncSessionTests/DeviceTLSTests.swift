@@ -172,7 +172,7 @@ struct DeviceTLSTests {
         case .success(let reply): #expect(reply == nil)
         case .failure(let error): #expect(!(error is TimedOut), "\(error)")
         }
-        #expect(await eventually(timeout: .seconds(10)) { server.accepted.withLock { $0.first?.peer?.verdict != nil && $0.first?.peer?.verdict != .pending } })
+        #expect(await eventually { server.accepted.withLock { $0.first?.peer?.verdict != nil && $0.first?.peer?.verdict != .pending } })
         let serverPeer = try #require(server.accepted.withLock { $0.first }?.peer)
         #expect(serverPeer.verdict == .refused(stranger.deviceID, reason: "not a member of this group"))
         await #expect(throws: DeviceTLSError.refused(.refused(stranger.deviceID, reason: "not a member of this group"))) {
@@ -223,7 +223,7 @@ struct DeviceTLSTests {
         let client = try await Client.connect(port: server.port) { try tlsB.configure($0, dialed: true) }
         let outcome = await result { try await withDeadline { try await client.echo("hi") } }
         if case .success(let reply) = outcome { #expect(reply == nil) }
-        #expect(await eventually(timeout: .seconds(10)) { server.accepted.withLock { !$0.isEmpty } })
+        #expect(await eventually { server.accepted.withLock { !$0.isEmpty } })
         let serverPeer = try #require(server.accepted.withLock { $0.first }?.peer)
         await #expect(throws: DeviceTLSError.self) { try await serverPeer.authenticated.get() }
         #expect(calls.withLock { $0 } == 2)

@@ -87,4 +87,15 @@ struct StateMachineTests {
         #expect(again.closeReason(again.receive(hello())) == .malformed)
         #expect(closeReason(machine.receive(type: Message.Kind.delta.rawValue, body: [9, 9, 9], now: now)) == .malformed)
     }
+
+    @Test("offsets read the same from both sides: rounded, not truncated")
+    func offsetsRounded() {
+        #expect(formatSeconds(3_599.85) == "1 h 0 min")
+        #expect(formatSeconds(3_600.2) == "1 h 0 min")
+        #expect(formatSeconds(5_430) == "1 h 31 min")
+        #expect(formatSeconds(59.6) == "1 min 0 s")
+        #expect(formatSeconds(125.4) == "2 min 5 s")
+        #expect(formatSeconds(0.4) == "0 s")
+        #expect(formatSeconds(.infinity) == "inf s")
+    }
 }

@@ -65,7 +65,7 @@ struct SyncTests {
             }
             try await group.waitForAll()
         }
-        #expect(await eventually(timeout: .seconds(30)) { allConverged(replicas) })
+        #expect(await eventually { allConverged(replicas) })
         // Only one connection per pair survives, whoever dialed.
         for r in replicas { #expect(await r.node.peers().count == 4) }
     }

@@ -136,7 +136,7 @@ extension PeerSession {
             add(Message.auth(signature: signature).encodedFrame())
             out.auth = nil
         }
-        if phase == .established, let entry = out.join {
+        if phase == .established || phase == .joining, let entry = out.join {
             add(Message.join(entry: entry).encodedFrame())
             out.join = nil
         }

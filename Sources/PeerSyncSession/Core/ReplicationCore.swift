@@ -327,12 +327,19 @@ struct ReplicationCore {
                                  peer: hello.replicaID, group: settings.identity.groupID) else {
             return refuse(id, .notAdmitted, "authentication failed: the peer does not hold the device key it names", now: now)
         }
+        // A device of a group upgraded from a shared secret enrolled itself, offline: a peer that
+        // has not seen that entry yet learns it here (to a peer that has, it is harmless).
+        if settings.identity.legacySecret != nil, let enrol = ownLegacyEnrol {
+            sessions[id]!.out.join = enrol
+        }
         switch roster.admission(of: key.deviceID, pendingJoin: settings.identity.pendingJoin) {
         case .refused(let reason, let text):
             return refuse(id, reason, text, now: now)
         case .candidate:
             sessions[id]!.phase = .joining
-            return [.log(CoreLog(.info, "an unknown device asks to join", sessionMetadata(session, ["peer.device": key.deviceID.shortForm])))]
+            let asked = CoreLog(.info, "an unknown device asks to join", sessionMetadata(session, ["peer.device": key.deviceID.shortForm]))
+            // Our own legacy enrolment (set above) goes out now: the peer may not know us either.
+            return sessions[id]!.out.join == nil ? [.log(asked)] : [.log(asked), .wake(id)]
         case .member:
             var actions = register(id, hello: hello, now: now, state: state)
             if let join = settings.identity.pendingJoin, key.deviceID == join.inviter, sessions[id]?.phase == .established {
@@ -341,6 +348,12 @@ struct ReplicationCore {
             }
             return actions
         }
+    }
+
+    /// This device's legacy enrolment entry, if it has one.
+    private var ownLegacyEnrol: [UInt8]? {
+        let me = settings.identity.key.deviceID
+        return roster.entries.values.first { $0.kind == .legacyEnrol && $0.signer == me }?.bytes
     }
 
     /// An unknown device presents the roster entry that should admit it.
