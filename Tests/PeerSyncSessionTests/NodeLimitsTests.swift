@@ -81,7 +81,7 @@ struct NodeLimitsTests {
         let held = [try await RawClient.connect(from: "127.0.0.2", to: port), try await RawClient.connect(from: "127.0.0.2", to: port)]
         #expect(await eventually { await victim.node.limitStatus().inboundOpen == 2 })
         let refused = try await RawClient.connect(from: "127.0.0.2", to: port, tls: stranger)
-        #expect(await eventually(timeout: .seconds(2)) { !refused.isOpen }, "a connection over the per-address limit stayed open")
+        #expect(await eventually(timeout: .seconds(30)) { !refused.isOpen }, "a connection over the per-address limit stayed open")
         #expect(refused.counter.read == 0, "the node answered a refused connection (TLS work)")
         #expect(refused.counter.written > 0, "the refused client did send its ClientHello")
         // Another address is admitted, and answered.
@@ -91,7 +91,7 @@ struct NodeLimitsTests {
         let fourth = try await RawClient.connect(from: "127.0.0.4", to: port)
         #expect(await eventually { await victim.node.limitStatus().inboundOpen == 4 })
         let overTotal = try await RawClient.connect(from: "127.0.0.5", to: port)
-        #expect(await eventually(timeout: .seconds(2)) { !overTotal.isOpen })
+        #expect(await eventually(timeout: .seconds(30)) { !overTotal.isOpen })
         let status = await victim.node.limitStatus()
         #expect((status.refusedOverAddress, status.refusedOverTotal, status.inboundOpen) == (1, 1, 4))
         #expect(held.allSatisfy(\.isOpen) && answered.isOpen && fourth.isOpen, "an admitted connection was closed")
@@ -120,7 +120,7 @@ struct NodeLimitsTests {
         let port = try await victim.start()
         let started = ContinuousClock.now
         let idle = try await RawClient.connect(from: "127.0.0.2", to: port)
-        #expect(await eventually(timeout: .seconds(5)) { !idle.isOpen }, "an idle connection outlived the handshake timeout")
+        #expect(await eventually(timeout: .seconds(30)) { !idle.isOpen }, "an idle connection outlived the handshake timeout")
         let elapsed = ContinuousClock.now - started
         #expect(elapsed >= .milliseconds(400), "closed before the timeout: \(elapsed)")
         #expect(await eventually { await victim.node.limitStatus().inboundOpen == 0 })
@@ -147,25 +147,33 @@ struct NodeLimitsTests {
         }
         let started = ContinuousClock.now
         await node.node.discovered(.loopback(real.port), serviceName: "real")
-        #expect(await eventually { !(await node.node.peers().isEmpty) })
+        // How many attempts had started when the real peer connected (not how long it took: the
+        // machine may be loaded). Dialed last, it would have waited for all 12 forged ones.
+        var attemptsWhenConnected = Int.max
+        #expect(await eventually {
+            guard !(await node.node.peers().isEmpty) else { return false }
+            attemptsWhenConnected = await node.node.limitStatus().dialAttempts
+            return true
+        })
         let connectedAfter = ContinuousClock.now - started
         try await real.write { try $0.save(Location(name: "found despite the forgeries")) }
         #expect(await eventually { allConverged([node, real]) })
-        // For 4 s more: never more than 2 attempts at once; forged addresses back off.
+        // Until 4 forged addresses have been refused: never more than 2 attempts at once.
         var samples: [LimitStatus] = []
-        _ = await eventually(timeout: .seconds(4), every: .milliseconds(50)) {
+        #expect(await eventually(timeout: .seconds(60), every: .milliseconds(50)) {
             samples.append(await node.node.limitStatus())
-            return false
-        }
+            return samples.last!.rejectedTargets >= 4
+        }, "forged addresses were not backed off: \(String(describing: samples.last))")
         let last = try #require(samples.last)
-        print("limits: real peer connected \(connectedAfter) after 12 forged adverts; attempts \(last.dialAttempts), peak \(last.dialingPeak)")
+        print("limits: real peer connected \(connectedAfter) after 12 forged adverts, as attempt \(attemptsWhenConnected) or earlier; "
+            + "attempts \(last.dialAttempts), peak \(last.dialingPeak)")
         #expect(samples.allSatisfy { $0.dialing <= 2 })
         #expect(last.dialingPeak == 2)
         #expect(last.dialTargets == 13)
-        #expect(last.rejectedTargets >= 4, "forged addresses were not backed off: \(last)")
-        // One attempt per host at a time, 1 s each, plus the real one: at most ~12 in 6 s.
+        // 4 refusals take about 4 attempts on 2 hosts, one at a time each; the 5 s backoff keeps
+        // the refused ones out meanwhile.
         #expect(last.dialAttempts <= 16, "too many attempts: \(last.dialAttempts)")
-        #expect(connectedAfter < .seconds(3), "the real peer waited \(connectedAfter)")
+        #expect(attemptsWhenConnected <= 8, "the real peer waited behind \(attemptsWhenConnected) attempts")
     }
 
     @Test("syncHealth and healthUpdates report refused connections and the watchdog's repairs")
