@@ -100,6 +100,9 @@ public struct SyncTiming: Sendable, Equatable {
     public var closeDrainTimeout: Duration = .seconds(2)
     /// Period of the node's one shared timer.
     public var tick: Duration = .milliseconds(100)
+    /// An attachment range request unanswered for this long is asked again (of another peer
+    /// if there is one).
+    public var attachmentRequestTimeout: Duration = .seconds(30)
 
     public init() {}
 }
@@ -117,6 +120,12 @@ public struct SyncLimits: Sendable, Equatable {
     public var outboxDeltaBytes: Int = 8 << 20
     /// Established sessions at once; a hello beyond is refused (reason 9, overloaded).
     public var sessions: Int = 128
+    /// Attachment bytes asked for per request (also below the frame limits of both sides and
+    /// ``AttachmentWireLimits/maxRangeBytes``).
+    public var attachmentRangeBytes: Int = 1 << 20
+    /// Attachment range reads a peer may have outstanding here; requests beyond are answered
+    /// `attachmentUnavailable`.
+    public var attachmentServesPerSession: Int = 8
 
     public init() {}
 }
@@ -144,6 +153,9 @@ public struct SyncConfiguration: Sendable {
     public var timing: SyncTiming
     public var limits: SyncLimits
     public var transfer: TransferMode
+    /// Serve and fetch attachment bytes (announced in the hello; needs a storage that keeps
+    /// them). Off, the node behaves as one that predates attachment transfer.
+    public var attachments = true
     /// Wall clock, ms since 1970 — for the HLC and the skew check only (tests inject skew).
     public var wallClock: @Sendable () -> UInt64
 
