@@ -189,7 +189,9 @@ struct AttachmentSyncTests {
         let quietTraffic = await eventually(timeout: .seconds(60)) { await a.replica.traffic().framesReceived >= before + 4 }
         try #require(quietTraffic)
         #expect(!lines.all.contains { $0.contains("unknown message") || $0.contains("closing session") })
-        #expect(!(await a.replica.peers().isEmpty) && !(await b.replica.peers().isEmpty))
+        let peersOfA = await a.replica.peers()
+        let peersOfB = await b.replica.peers()
+        #expect(!peersOfA.isEmpty && !peersOfB.isEmpty)
         #expect(a.replica.attachmentAvailability(for: cover) == .notYetAvailable)
         #expect(await b.replica.traffic().attachmentBytesSent == 0)
     }
