@@ -102,6 +102,9 @@ public struct SyncTiming: Sendable, Equatable {
     public var closeDrainTimeout: Duration = .seconds(2)
     /// Period of the node's one shared timer.
     public var tick: Duration = .milliseconds(100)
+    /// An attachment range request unanswered for this long is asked again (of another peer
+    /// if there is one).
+    public var attachmentRequestTimeout: Duration = .seconds(30)
 
     public init() {}
 }
@@ -141,6 +144,12 @@ public struct SyncLimits: Sendable, Equatable {
     /// or removed, another protocol version, clock skew): from 5 s, doubling up to 5 minutes.
     /// Other failures redial with ``SyncTiming/reconnectBackoff``.
     public var rejectedDialBackoff = Backoff(first: .seconds(5), max: .seconds(300))
+    /// Attachment bytes asked for per request (also below the frame limits of both sides and
+    /// ``AttachmentWireLimits/maxRangeBytes``).
+    public var attachmentRangeBytes: Int = 1 << 20
+    /// Attachment range reads a peer may have outstanding here; requests beyond are answered
+    /// `attachmentUnavailable`.
+    public var attachmentServesPerSession: Int = 8
 
     public init() {}
 }
@@ -168,6 +177,9 @@ public struct SyncConfiguration: Sendable {
     public var timing: SyncTiming
     public var limits: SyncLimits
     public var transfer: TransferMode
+    /// Serve and fetch attachment bytes (announced in the hello; needs a storage that keeps
+    /// them). Off, the node behaves as one that predates attachment transfer.
+    public var attachments = true
     /// Wall clock, ms since 1970 — for the HLC and the skew check only (tests inject skew).
     public var wallClock: @Sendable () -> UInt64
 

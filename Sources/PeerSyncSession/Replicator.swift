@@ -20,7 +20,7 @@ public actor Replicator {
     public nonisolated let configuration: SyncConfiguration
     nonisolated let storage: any SyncStorage
     nonisolated let logger: Logger
-    private var core: ReplicationCore
+    var core: ReplicationCore
     /// This node's device and group (a pending join clears once the roster admits it).
     public private(set) var identity: LocalIdentity
     private var transports: [SessionID: Transport] = [:]
@@ -30,6 +30,8 @@ public actor Replicator {
     /// Ineffective roster entries already logged.
     private var reportedIneffective: Set<RosterEntryID> = []
     private let commitQueue = DispatchQueue(label: "peersync.commit")
+    /// Attachment file work, in order (Replicator+Attachments.swift).
+    let attachmentQueue = DispatchQueue(label: "peersync.attachments")
     private nonisolated let subscribers = Mutex<(next: Int, continuations: [Int: AsyncStream<NodeEvent>.Continuation])>((0, [:]))
 
     private struct Transport {
@@ -54,7 +56,8 @@ public actor Replicator {
         self.logger = logger
         core = ReplicationCore(settings: .init(localReplica: replicaID, name: configuration.name ?? name,
                                                timing: configuration.timing, limits: configuration.limits,
-                                               transfer: configuration.transfer, identity: identity),
+                                               transfer: configuration.transfer, identity: identity,
+                                               attachments: configuration.attachments && storage.storesAttachments),
                                roster: storage.snapshot().roster(of: identity.groupID))
     }
 
@@ -185,7 +188,7 @@ public actor Replicator {
 
     /// Sends every peer what it lacks (after the local state was reloaded from disk).
     public func resyncAll() {
-        perform(core.resyncAll())
+        perform(core.resyncAll() + core.attachmentsRescan(state: storage.snapshot()))
     }
 
     // MARK: - Status
@@ -208,6 +211,8 @@ public actor Replicator {
             total.framesSent += session.framesSent
             total.framesReceived += session.framesReceived
         }
+        total.attachmentBytesSent = core.attachmentState.bytesSent
+        total.attachmentBytesReceived = core.attachmentState.bytesReceived
         return total
     }
 
@@ -222,6 +227,7 @@ public actor Replicator {
         await waitUntilNoSessions(timeout: .seconds(2))
         timer?.cancel()
         timer = nil
+        await drainAttachmentQueue()
         finishEvents()
     }
 
@@ -258,7 +264,7 @@ public actor Replicator {
 
     // MARK: - Carrying out
 
-    private func perform(_ actions: [ReplicationCore.Action]) {
+    func perform(_ actions: [ReplicationCore.Action]) {
         for action in actions {
             switch action {
             case .wake(let id):
@@ -275,6 +281,8 @@ public actor Replicator {
                 emit(event)
             case .admitJoiner(let id, let entry):
                 admit(id, entry)
+            case .attachmentIO(let io):
+                performAttachmentIO(io)
             case .log(let line):
                 let level: Logger.Level = switch line.level {
                 case .debug: .debug

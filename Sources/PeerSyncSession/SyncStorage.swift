@@ -14,6 +14,27 @@ public protocol SyncStorage: Sendable {
     /// Runs a local change durably in one transaction (e.g. writing an admitted device's roster
     /// entry); returns its delta, nil if nothing changed.
     func commitLocal(_ body: (inout ReplicaState) throws -> RecordMap?) throws -> RecordMap?
+
+    // Attachment bytes (SyncStorage+Attachments.swift has defaults for a storage without them).
+    // Called off the actor, on the replicator's attachment queue; may block on files.
+
+    /// Whether this storage keeps attachment bytes (the node then announces it serves them).
+    var storesAttachments: Bool { get }
+    /// The largest attachment this replica fetches, by the synced setting of `state`.
+    func attachmentMaxBytes(in state: ReplicaState) -> Int64
+    /// Whether the complete bytes of `hash` are here, or how many bytes of them a partial file holds.
+    func attachmentPresence(_ hash: AttachmentHash) -> AttachmentPresence
+    /// Up to `length` bytes at `offset` of the complete bytes of `hash`, and their total size;
+    /// nil if the complete bytes are not here.
+    func readAttachment(_ hash: AttachmentHash, offset: Int64, length: Int) throws -> (bytes: [UInt8], total: Int64)?
+    /// Writes `bytes` at `offset` of the partial file of `hash` (dropping anything after it).
+    func writeAttachmentPartial(_ hash: AttachmentHash, offset: Int64, bytes: [UInt8]) throws
+    /// Whether the complete partial file of `hash` hashes to `hash`.
+    func verifyAttachmentPartial(_ hash: AttachmentHash) throws -> Bool
+    /// Makes the verified partial file of `hash` durable under its final name.
+    func promoteAttachmentPartial(_ hash: AttachmentHash) throws
+    /// Deletes the partial file of `hash`, if any.
+    func discardAttachmentPartial(_ hash: AttachmentHash)
 }
 
 /// Thrown by a ``SyncStorage`` that refuses what a peer sent (it breaks a bound the store
@@ -154,5 +175,8 @@ public struct TrafficCounters: Sendable, Equatable {
     public var bytesReceived = 0
     public var framesSent = 0
     public var framesReceived = 0
+    /// Attachment bytes (payloads of `attachmentData` messages) sent and received.
+    public var attachmentBytesSent = 0
+    public var attachmentBytesReceived = 0
     public init() {}
 }

@@ -73,6 +73,11 @@ public final class AttachmentStore: Sendable {
         FileManager.default.fileExists(atPath: path(for: hash))
     }
 
+    /// Size of the complete file of `hash`, or nil if it is not here.
+    public func size(of hash: AttachmentHash) -> Int64? {
+        fileSize(path(for: hash))
+    }
+
     /// Size of the `.partial` file of `hash`, or nil if there is none.
     public func partialSize(of hash: AttachmentHash) -> Int64? {
         fileSize(partialPath(for: hash))

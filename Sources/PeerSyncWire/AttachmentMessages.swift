@@ -1,9 +1,11 @@
 import PeerSyncCRDT
 
-// Attachment transfer messages (docs/PROTOCOL.md, "Attachments"). Standalone bodies, encoded
-// like every other message (protobuf wire format through FieldWriter/FieldReader), not yet
-// part of `Message`: the session core adds them as message kinds 10–12 when it serves and
-// fetches attachments. The pure decisions are `PeerSyncModel.AttachmentTransfer`.
+// Attachment transfer messages (docs/PROTOCOL.md, "Attachments"). Bodies encoded like every
+// other message (protobuf wire format through FieldWriter/FieldReader), framed with types
+// 13–15. They are not cases of `Message`: only a peer whose hello announced
+// ``HelloFeatures/attachments`` may receive them (a peer that predates them closes the session
+// on an unknown type), so the session core sends and reads them itself. The pure decisions are
+// `PeerSyncModel.AttachmentTransfer`.
 //
 //   attachmentRequest     1: hash (32 bytes)   2: offset (varint)   3: length (varint, 1…1 MiB)
 //   attachmentData        1: hash (32 bytes)   2: offset (varint)   3: total (varint)   4: bytes
@@ -11,13 +13,18 @@ import PeerSyncCRDT
 
 /// Bounds of the attachment messages.
 public enum AttachmentWireLimits {
-    /// Suggested message kinds (frame type bytes) for the session core.
-    /// Suggested frame type of `attachmentRequest`.
-    public static let requestKind: UInt8 = 10
-    /// Suggested frame type of `attachmentData`.
-    public static let dataKind: UInt8 = 11
-    /// Suggested frame type of `attachmentUnavailable`.
-    public static let unavailableKind: UInt8 = 12
+    /// Frame type of `attachmentRequest` (types 10–12 are `auth`, `breakdown`, `join`).
+    public static let requestKind: UInt8 = 13
+    /// Frame type of `attachmentData`.
+    public static let dataKind: UInt8 = 14
+    /// Frame type of `attachmentUnavailable`.
+    public static let unavailableKind: UInt8 = 15
+    /// The frame types of attachment messages.
+    public static let kinds: ClosedRange<UInt8> = 13...15
+    /// An upper bound on the bytes of an `attachmentData` frame beyond its payload (frame
+    /// header, type, hash, offset, total and the payload's length prefix): a payload of
+    /// `maxFrameBytes - dataFrameOverhead` bytes always fits a frame of `maxFrameBytes`.
+    public static let dataFrameOverhead = 96
     /// The largest range one request may ask for, and one data message may carry: 1 MiB
     /// (a data frame stays far below ``WireLimits/defaultMaxFrameBytes``).
     public static let maxRangeBytes: UInt64 = 1 << 20

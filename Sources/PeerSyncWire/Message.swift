@@ -44,6 +44,16 @@ public enum CloseReason: UInt64, Sendable, Equatable, CustomStringConvertible {
     }
 }
 
+/// Optional parts of the protocol a node speaks, announced in its hello (field 11, a bit set;
+/// absent = none). A node sends a peer the messages of a feature only if the peer announced it.
+public struct HelloFeatures: OptionSet, Sendable, Hashable {
+    public let rawValue: UInt64
+    public init(rawValue: UInt64) { self.rawValue = rawValue }
+
+    /// Serves and reads attachment messages (types 13–15, docs/PROTOCOL.md "Attachments").
+    public static let attachments = HelloFeatures(rawValue: 1 << 0)
+}
+
 /// The first message each side sends.
 public struct Hello: Sendable, Equatable {
     public var protocolVersion: UInt64
@@ -62,11 +72,13 @@ public struct Hello: Sendable, Equatable {
     public var deviceKey: [UInt8]?
     /// 16 random bytes the peer signs in its `auth` (so an auth cannot be replayed). Required from version 2.
     public var nonce: [UInt8]?
+    /// The optional features the sender speaks (field 11; unknown bits are ignored).
+    public var features: HelloFeatures
 
     public init(protocolVersion: UInt64 = WireLimits.protocolVersion, replicaID: ReplicaID, name: String,
                 wallClockMilliseconds: UInt64, context: CausalContext,
                 maxFrameBytes: UInt64 = UInt64(WireLimits.defaultMaxFrameBytes), digest: StateDigest,
-                groupID: [UInt8]? = nil, deviceKey: [UInt8]? = nil, nonce: [UInt8]? = nil) {
+                groupID: [UInt8]? = nil, deviceKey: [UInt8]? = nil, nonce: [UInt8]? = nil, features: HelloFeatures = []) {
         self.protocolVersion = protocolVersion
         self.replicaID = replicaID
         self.name = name
@@ -77,6 +89,7 @@ public struct Hello: Sendable, Equatable {
         self.groupID = groupID
         self.deviceKey = deviceKey
         self.nonce = nonce
+        self.features = features
     }
 }
 
@@ -106,6 +119,8 @@ public enum Message: Sendable, Equatable {
     /// enrol with its invite token, or a legacy enrol).
     case join(entry: [UInt8])
 
+    /// Frame types. 13–15 are the attachment messages (``AttachmentWireLimits/kinds``), sent
+    /// only to peers that announce ``HelloFeatures/attachments``; they are not `Message` cases.
     public enum Kind: UInt8, Sendable {
         case hello = 1, chunk = 2, delta = 3, ack = 4, digest = 5, ping = 6, pong = 7, goodbye = 8, error = 9, auth = 10, breakdown = 11, join = 12
     }
@@ -146,6 +161,7 @@ public enum Message: Sendable, Equatable {
             if let groupID = h.groupID { w.bytes(8, groupID) }
             if let key = h.deviceKey { w.bytes(9, key) }
             if let nonce = h.nonce { w.bytes(10, nonce) }
+            if !h.features.isEmpty { w.varint(11, h.features.rawValue) }
         case .chunk(let index, let count, let records, let delta):
             w.varint(1, index)
             w.varint(2, count)
@@ -213,7 +229,8 @@ public enum Message: Sendable, Equatable {
                 context: context,
                 maxFrameBytes: try f.varint(6, "maxFrameBytes"),
                 digest: StateDigest(high: digest.high, low: digest.low),
-                groupID: f.blobs[8], deviceKey: f.blobs[9], nonce: f.blobs[10]))
+                groupID: f.blobs[8], deviceKey: f.blobs[9], nonce: f.blobs[10],
+                features: HelloFeatures(rawValue: f.varints[11] ?? 0)))
         case .chunk:
             let index = try f.varint(1, "index")
             let count = try f.varint(2, "count")

@@ -22,10 +22,10 @@ final class TestApp: Sendable {
     let directory: String
     let replica: Replica
 
-    init(_ name: String) throws {
+    init(_ name: String, logger: Logger? = nil) throws {
         directory = try makeTemporaryDirectory("peersync-app")
         let member = nextDevice.wrappingAdd(1, ordering: .relaxed).oldValue
-        replica = try Replica.create(at: directory, member: member, of: appGroup, name: name, logger: testLogger(name))
+        replica = try Replica.create(at: directory, member: member, of: appGroup, name: name, logger: logger ?? testLogger(name))
     }
 
     /// Another `Replica` over the same directory (as a second process would open it).

@@ -15,13 +15,16 @@ struct CoreNode {
     var logs: [CoreLog] = []
     var closedTransports: Set<SessionID> = []
     var failNextCommit = false
+    /// Attachment file work the core asked for (tests answer it themselves).
+    var attachmentIO: [AttachmentIO] = []
 
     /// Devices "a"…"f" of one group (device "a" created it; all are admins).
     static let group = try! LocalGroup.make(names: ["a", "b", "c", "d", "e", "f"])
 
     /// Node `name` ("a"…"f") of ``group``; `group: nil` makes a device of no group's roster.
     init(_ name: String, maxFrameBytes: Int = WireLimits.defaultMaxFrameBytes, timing: SyncTiming = SyncTiming(),
-         outboxDeltaBytes: Int? = nil, transfer: TransferMode = .deltas, identity: LocalIdentity? = nil) {
+         outboxDeltaBytes: Int? = nil, transfer: TransferMode = .deltas, identity: LocalIdentity? = nil,
+         attachments: Bool = false) {
         state = ReplicaState(name: name)
         let member = Self.group.names.firstIndex(of: name) ?? 0
         let identity = identity ?? Self.group.identity(member)
@@ -36,7 +39,7 @@ struct CoreNode {
         limits.maxFrameBytes = maxFrameBytes
         if let outboxDeltaBytes { limits.outboxDeltaBytes = outboxDeltaBytes }
         core = ReplicationCore(settings: .init(localReplica: state.replicaID, name: name, timing: timing, limits: limits,
-                                               transfer: transfer, identity: identity),
+                                               transfer: transfer, identity: identity, attachments: attachments),
                                roster: state.roster(of: identity.groupID))
     }
 
@@ -55,6 +58,8 @@ struct CoreNode {
                 handle(core.broadcast(delta, state: state))
                 handle(core.joinerAdmitted(id, roster: state.roster(of: core.settings.identity.groupID), now: ContinuousClock.now,
                                            state: state))
+            case .attachmentIO(let io):
+                attachmentIO.append(io)
             }
         }
     }

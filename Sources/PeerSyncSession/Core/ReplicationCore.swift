@@ -20,6 +20,8 @@ struct ReplicationCore {
         var limits: SyncLimits
         var transfer: TransferMode
         var identity: LocalIdentity
+        /// Serve and fetch attachment bytes (announced in the hello).
+        var attachments = false
     }
 
     enum Action {
@@ -34,6 +36,8 @@ struct ReplicationCore {
         /// An unknown device presented `entry` (an enrol with a valid invite, or a legacy enrol):
         /// write it to the roster as a local change, then report ``joinerAdmitted``.
         case admitJoiner(SessionID, RosterEntry)
+        /// File work for attachments, on the shell's attachment queue (ReplicationCore+Attachments.swift).
+        case attachmentIO(AttachmentIO)
     }
 
     struct CommitRequest {
@@ -53,7 +57,7 @@ struct ReplicationCore {
     var settings: Settings
     /// The group's roster as the local state has it (``updateRoster``).
     private(set) var roster: Roster
-    private(set) var sessions: [SessionID: PeerSession] = [:]
+    var sessions: [SessionID: PeerSession] = [:]
     private(set) var established: [ReplicaID: SessionID] = [:]
     private var nextSessionID: UInt64 = 1
     private var queued: [ApplyPart] = []
@@ -70,10 +74,13 @@ struct ReplicationCore {
     private var lastTick: MonotonicInstant?
     /// Log lines decided where returning actions is awkward; drained with the next actions.
     private var queuedLogs: [CoreLog] = []
+    /// Attachment transfers (ReplicationCore+Attachments.swift).
+    var attachmentState: AttachmentCoreState
 
     init(settings: Settings, roster: Roster) {
         self.settings = settings
         self.roster = roster
+        attachmentState = AttachmentCoreState(limits: settings.limits)
     }
 
     private var skewMilliseconds: UInt64 { UInt64(max(0, settings.timing.maxClockSkew.wholeMilliseconds)) }
@@ -89,7 +96,8 @@ struct ReplicationCore {
         nextSessionID += 1
         let hello = Hello(replicaID: settings.localReplica, name: settings.name, wallClockMilliseconds: wallClock,
                           context: state.context, maxFrameBytes: UInt64(settings.limits.maxFrameBytes), digest: state.digest,
-                          groupID: settings.identity.groupID.bytes, deviceKey: settings.identity.key.publicKey.x963, nonce: nonce)
+                          groupID: settings.identity.groupID.bytes, deviceKey: settings.identity.key.publicKey.x963, nonce: nonce,
+                          features: settings.attachments ? .attachments : [])
         var session = PeerSession(
             id: id, origin: origin,
             machine: SessionStateMachine(localReplica: settings.localReplica, maxClockSkewMilliseconds: skewMilliseconds),
@@ -103,8 +111,9 @@ struct ReplicationCore {
 
     /// The transport ended (end of stream, error, or closed after a final frame).
     mutating func transportEnded(_ id: SessionID, reason: SessionEndReason) -> [Action] {
-        guard let session = sessions.removeValue(forKey: id) else { return [] }
-        var actions: [Action] = []
+        guard let session = sessions[id] else { return [] }
+        var actions = attachmentSessionEnded(id, session)
+        sessions[id] = nil
         let why = session.endReason ?? reason
         if let peer = session.peer, established[peer.replicaID] == id {
             established[peer.replicaID] = nil
@@ -177,6 +186,10 @@ struct ReplicationCore {
         session.lastReceived = now
         session.framesReceived += 1
         session.bytesReceived += body.count + 1 + Varint.size(of: UInt64(body.count + 1))
+        if readsAttachmentMessage(type) {
+            sessions[id] = session
+            return receiveAttachment(id, type: type, body: body, now: now)
+        }
         let decisions = session.machine.receive(type: type, body: body, now: wallClock)
         sessions[id] = session
         var actions: [Action] = []
@@ -483,6 +496,7 @@ struct ReplicationCore {
         sessions[id] = session
         established[hello.replicaID] = id
         actions += announceNeighbors()
+        actions += attachmentPeerAdmitted(id, hello: hello, state: state)
         if let info = session.info {
             actions.append(.log(CoreLog(.info, "peer connected", ["peer.id": hello.replicaID.shortDescription, "peer.name": hello.name,
                                                                    "peer.dialed": "\(session.origin.initiator)"])))
@@ -549,6 +563,7 @@ struct ReplicationCore {
             sessions[part.session] = session
             if !partOutcome.isEmpty, let info = session.info { actions.append(.event(.remoteChange(partOutcome, from: info))) }
         }
+        actions += attachmentsReferenced(in: outcomes.lazy.flatMap { $0.changedRecords }, state: state)
         return actions + startCommitIfIdle(state: state)
     }
 
@@ -589,7 +604,7 @@ struct ReplicationCore {
             enqueue(delta, to: id, state: state)
             actions.append(.wake(id))
         }
-        return actions
+        return actions + attachmentsReferenced(in: delta.allRecords.lazy.map { $0.0 }, state: state)
     }
 
     /// The local state was reloaded (another process rewrote much of the store): every peer gets
@@ -680,7 +695,7 @@ struct ReplicationCore {
                 sessions[id] = session
             }
         }
-        return actions
+        return actions + attachmentTick(now: now)
     }
 
     // MARK: - Outbound
@@ -699,7 +714,7 @@ struct ReplicationCore {
                                         ["record": "\(key)", "field": field, "peer.address": address])))
         }
         sessions[id] = session
-        return (batch, actions)
+        return (appendAttachmentFrames(id, to: batch, budget: budget, now: now), actions)
     }
 
     /// Whether the session has anything queued.
@@ -716,7 +731,7 @@ struct ReplicationCore {
 
     func session(_ id: SessionID) -> PeerSession? { sessions[id] }
 
-    private func sessionMetadata(_ session: PeerSession, _ extra: [String: String]) -> [String: String] {
+    func sessionMetadata(_ session: PeerSession, _ extra: [String: String]) -> [String: String] {
         var metadata = extra
         metadata["peer.address"] = session.origin.address
         if let peer = session.peer { metadata["peer.id"] = peer.replicaID.shortDescription }
