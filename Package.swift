@@ -140,6 +140,12 @@ let package = Package(
                            .product(name: "X509", package: "swift-certificates")]
         ),
         .testTarget(name: "PeerSyncWireTests", dependencies: ["PeerSyncWire", "PeerSyncCRDT", "PeerSyncTestSupport"]),
+        // docs/vectors: every vector file checked against the code (PEERSYNC_WRITE_VECTORS=1 rewrites them).
+        .testTarget(
+            name: "PeerSyncVectorTests",
+            dependencies: ["PeerSyncWire", "PeerSyncCRDT", "PeerSyncIdentity", "PeerSyncSession", "PeerSyncDiscovery",
+                           .product(name: "Crypto", package: "swift-crypto")]
+        ),
         .testTarget(
             name: "PeerSyncStoreTests",
             dependencies: ["PeerSyncStore", "PeerSyncModel", "PeerSyncCRDT", "PeerSyncTestSupport", "peersync-store-child"]

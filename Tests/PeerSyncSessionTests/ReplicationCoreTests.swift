@@ -47,6 +47,24 @@ struct ReplicationCoreTests {
         #expect(b.state.digest == a.state.digest)
     }
 
+    @Test("a live delta of many long field names stays within the peer's 65,536-byte frame limit")
+    func longNamesWithinPeerLimit() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b", maxFrameBytes: 65_536)
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        let before = link.framesToB.count
+        // ~97 KB encoded (900 distinct 100-byte names, tiny values), though its size estimate,
+        // which leaves names out, is under a third of the limit.
+        var fields: [String: FieldValue] = [:]
+        for i in 0..<900 { fields[String(format: "%03d", i) + String(repeating: "n", count: 97)] = .int(Int64(i)) }
+        let key = RecordKey(collection: "wide", id: UUID())
+        a.write { $0.upsert(fields, to: key) }
+        try link.settle(&a, &b, now: t0)  // the link splits frames with b's limit: a larger one throws
+        #expect(link.framesToB[before...].allSatisfy { $0.size <= 65_536 })
+        #expect(b.state.digest == a.state.digest)
+    }
+
     @Test("a record larger than a frame is split by fields; a field larger than a frame is skipped and logged")
     func oversizeRecord() throws {
         var a = CoreNode("a")

@@ -159,7 +159,9 @@ extension PeerSession {
                 out.digestDue = false
             }
             if out.breakdownDue {
-                add(Message.breakdown(state.digest, state.records.digestBreakdown()).encodedFrame())
+                // Informational: one over the peer's limit (thousands of writers) is not sent.
+                let breakdown = Message.breakdown(state.digest, state.records.digestBreakdown()).encodedFrame()
+                if breakdown.count <= peerMaxFrame { add(breakdown) }
                 out.breakdownDue = false
             }
             if out.resync {
@@ -199,8 +201,10 @@ extension PeerSession {
         return OutboundBatch(bytes: bytes, frames: frames, closeAfter: closeAfter)
     }
 
+    /// Whether `delta` encodes within the peer's frame limit, by an upper bound (not an
+    /// estimate: `approximateWireBytes` leaves out names, so many long field names made a frame
+    /// over the limit pass a check on it).
     private func fitsOneFrame(_ delta: RecordMap) -> Bool {
-        if delta.approximateWireBytes * 2 < peerMaxFrame { return true }
         var bound = WireDelta.deltaOverheadBound + WireDelta.contextSizeBound(delta.context, with: outbound)
         for (key, state) in delta.allRecords {
             bound += WireDelta.encodedSizeBound(of: key, state, with: outbound)
