@@ -575,8 +575,8 @@ struct VectorBuilder {
         let context = CausalContext(versionVector: [Fixed.a: 4, Fixed.b: 1])
         let oldContextFile = (existing["bundles.json"]?["contextFile"] as? JSON)?["hex"].map(unhex)
         let contextFile: [UInt8]
-        if let oldContextFile, let opened = try? SyncBundle.openContext(oldContextFile, groupID: Fixed.group), opened.1 == context,
-           opened.0 == Fixed.keyB.publicKey,
+        if let oldContextFile, let opened = try? SyncBundle.openContext(oldContextFile, groupID: Fixed.group), opened.context == context,
+           opened.device == Fixed.keyB.publicKey,
            Array(oldContextFile.dropLast(64)) == Array(SyncBundle.sealContext(context, replica: Fixed.b, groupID: Fixed.group, key: Fixed.keyB).dropLast(64)) {
             contextFile = oldContextFile
         } else {

@@ -343,7 +343,8 @@ struct VectorTests {
         let contextFile = file["contextFile"] as! JSON
         let group = GroupID(bytes: unhex(contextFile["groupID"]))!
         let bytes = unhex(contextFile["hex"])
-        let (key, context) = try SyncBundle.openContext(bytes, groupID: group)
+        let opened = try SyncBundle.openContext(bytes, groupID: group)
+        let (key, context) = (opened.device, opened.context)
         #expect(hex(key.x963) == contextFile["deviceKey"] as! String && context == parseContext(contextFile["context"]))
         var tampered = bytes
         tampered[tampered.count - 70] ^= 1  // inside the context blob, before the signature
