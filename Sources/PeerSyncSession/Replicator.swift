@@ -144,7 +144,7 @@ public actor Replicator {
 
     /// Ships a committed local delta to every connected peer.
     public func broadcast(_ delta: RecordMap) {
-        perform(core.broadcast(delta, state: storage.snapshot()))
+        perform(core.broadcast(delta, state: storage.snapshot(), now: .now))
         if delta.touchesRoster { refreshRoster() }
     }
 
@@ -272,7 +272,7 @@ public actor Replicator {
                 state.contains(entry.recordKey) ? nil : state.write(entry.fields, to: entry.recordKey)
             }
             if let delta {
-                perform(core.broadcast(delta, state: storage.snapshot()))
+                perform(core.broadcast(delta, state: storage.snapshot(), now: .now))
                 emit(.localChange(delta))
             }
             let state = storage.snapshot()
@@ -299,7 +299,7 @@ public actor Replicator {
         switch result {
         case .success(let outcomes):
             let touchedRoster = outcomes.contains { $0.changedRecords.contains { $0.collection == RosterEntry.collection } }
-            perform(core.committed(id, outcomes: outcomes, state: storage.snapshot()))
+            perform(core.committed(id, outcomes: outcomes, state: storage.snapshot(), now: .now))
             if touchedRoster { refreshRoster() }
         case .failure(let error):
             perform(core.commitFailed(id, error: "\(error)", now: .now, state: storage.snapshot()))

@@ -15,6 +15,8 @@ struct CoreNode {
     var logs: [CoreLog] = []
     var closedTransports: Set<SessionID> = []
     var failNextCommit = false
+    /// The latest instant this node was driven at (opening sessions, commits).
+    var lastNow: MonotonicInstant?
 
     /// Devices "a"…"f" of one group (device "a" created it; all are admins).
     static let group = try! LocalGroup.make(names: ["a", "b", "c", "d", "e", "f"])
@@ -52,7 +54,7 @@ struct CoreNode {
             case .log(let line): logs.append(line)
             case .admitJoiner(let id, let entry):
                 let delta = state.write(entry.fields, to: entry.recordKey)
-                handle(core.broadcast(delta, state: state))
+                handle(core.broadcast(delta, state: state, now: lastNow ?? ContinuousClock.now))
                 handle(core.joinerAdmitted(id, roster: state.roster(of: core.settings.identity.groupID), now: ContinuousClock.now,
                                            state: state))
             }
@@ -60,6 +62,7 @@ struct CoreNode {
     }
 
     mutating func open(initiator: Bool, address: String, now: MonotonicInstant) -> SessionID {
+        lastNow = now
         let (id, actions) = core.open(SessionOrigin(address: address, initiator: initiator), now: now,
                                       wallClock: HybridLogicalClock.wallClock(), state: state,
                                       nonce: (0..<16).map { _ in UInt8.random(in: 0...255) })
@@ -69,6 +72,7 @@ struct CoreNode {
 
     /// Carries out every pending commit (group commits as the core issued them).
     mutating func runCommits(now: MonotonicInstant) {
+        lastNow = now
         while !pendingCommits.isEmpty {
             let request = pendingCommits.removeFirst()
             if failNextCommit {
@@ -78,14 +82,14 @@ struct CoreNode {
             }
             committedBatches.append(request.deltas)
             let outcomes = request.deltas.map { state.apply($0) }
-            handle(core.committed(request.id, outcomes: outcomes, state: state))
+            handle(core.committed(request.id, outcomes: outcomes, state: state, now: now))
         }
     }
 
     /// A local edit, committed and broadcast.
     mutating func write(_ body: (inout ReplicaState) throws -> RecordMap?) rethrows {
         guard let delta = try body(&state) else { return }
-        handle(core.broadcast(delta, state: state))
+        handle(core.broadcast(delta, state: state, now: lastNow ?? ContinuousClock.now))
     }
 
     var warnings: [CoreLog] { logs.filter { $0.level == .warning || $0.level == .error } }
