@@ -86,7 +86,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "PeerSyncBenchmarks",
-            dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log"), .product(name: "Crypto", package: "swift-crypto"),
+            dependencies: ["PeerSync", "PeerSyncWire", .product(name: "Logging", package: "swift-log"), .product(name: "Crypto", package: "swift-crypto"),
                            .product(name: "NIOSSL", package: "swift-nio-ssl"), .product(name: "NIOPosix", package: "swift-nio")],
             path: "Benchmarks/PeerSyncBenchmarks"
         ),
@@ -123,7 +123,8 @@ let package = Package(
         ),
         .executableTarget(name: "peersync-wire-fuzz", dependencies: ["PeerSyncWire", "PeerSyncCRDT"], path: "Tests/WireFuzz",
                           exclude: ["corpus"]),
-        .testTarget(name: "PeerSyncCLITests", dependencies: ["PeerSyncTestSupport", "peersync"]),
+        .executableTarget(name: "peersync-structured-fuzz", dependencies: ["PeerSyncWire", "PeerSyncCRDT"], path: "Tests/StructuredFuzz"),
+        .testTarget(name: "PeerSyncCLITests", dependencies: ["PeerSyncTestSupport", "peersync", "PeerSyncStore", "PeerSyncModel"]),
         .testTarget(
             name: "PeerSyncReliabilityTests",
             dependencies: [

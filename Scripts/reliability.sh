@@ -10,4 +10,7 @@ swift build --build-tests 2>&1 | grep -E "error:|Build complete" || true
 PEERSYNC_TRIALS=${1:-50} swift test --skip-build --disable-xctest \
   --filter "CrashTests|HostilePeerTests|LabFaultTests|BadInputTests|HostileFramesTests" 2>&1 \
   | grep -E "^(✘|✔ Test run)|recorded an issue|reliability:" || true
+# Retention with 12,000 one-commit store instances (~8 min in a debug build).
+PEERSYNC_LONG=1 swift test --skip-build --disable-xctest --filter "retentionAcrossShortLivedWriters" 2>&1 \
+  | grep -E "^(✘|✔ Test run)|recorded an issue|retention:" || true
 Scripts/fuzz.sh "${2:-2000000}"

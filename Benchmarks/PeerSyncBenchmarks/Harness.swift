@@ -13,12 +13,13 @@ struct Benchmark: Sendable {
     let run: @Sendable (_ quick: Bool) async throws -> Result
     static let all: [Benchmark] = [
         CRDTBenchmarks.crdtApply, CRDTBenchmarks.crdtExtract, CRDTBenchmarks.modelSave,
-        StoreBenchmarks.fullStateCommit, StoreBenchmarks.editCommit, StoreBenchmarks.crossProcess,
+        StoreBenchmarks.fullStateCommit, StoreBenchmarks.editCommit, StoreBenchmarks.retention, StoreBenchmarks.crossProcess,
         SyncBenchmarks.latency, SyncBenchmarks.initialSync,
         ConvergenceBenchmarks.w1FullState, ConvergenceBenchmarks.w2Stream, ConvergenceBenchmarks.w3Partition,
         ConvergenceBenchmarks.w4Memory, ConvergenceBenchmarks.mesh, MultiprocessBenchmark.multiprocess,
         HandshakeBenchmark.handshake,
         AppBenchmarks.liveQuery, AppBenchmarks.attachmentAdd,
+        HostileInputBenchmarks.hostileInput,
     ]
 }
 

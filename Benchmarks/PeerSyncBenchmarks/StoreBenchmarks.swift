@@ -57,6 +57,44 @@ enum StoreBenchmarks {
                       metrics: ["p50_ms": percentile(samples, 0.5), "p99_ms": percentile(samples, 0.99)])
     }
 
+    /// What retention costs: commits into a store whose journal is full (10,000 entries), so
+    /// every 64th commit also prunes 64 journal entries in its transaction; and the same
+    /// one-field edit made by a fresh store instance each time (as each `peersync` command is).
+    static let retention = Benchmark(name: "store-retention") { quick in
+        let prefill = quick ? 200 : Int(ReplicaStore.journalLength) + 100
+        let measured = quick ? 128 : 2_048
+        let dir = temporaryStoreDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let store = try! ReplicaStore.create(directory: dir, name: "retention")
+        let key = RecordKey(collection: ShiftType.collection, id: UUID())
+        for i in 0..<prefill { try! store.write { $0.upsert(["title": .string("prefill \(i)")], to: key) } }
+        var plain: [Double] = []
+        var pruning: [Double] = []
+        for i in 0..<measured {
+            let ms = milliseconds(ContinuousClock().measure {
+                try! store.write { $0.upsert(["title": .string("edit \(i)")], to: key) }
+            })
+            let sequence = try! store.journal(limit: 1).first!.sequence
+            if sequence % ReplicaStore.pruneInterval == 0 { pruning.append(ms) } else { plain.append(ms) }
+        }
+        var fresh: [Double] = []
+        for i in 0..<(quick ? 20 : 500) {
+            fresh.append(milliseconds(ContinuousClock().measure {
+                let instance = try! ReplicaStore.open(directory: dir)
+                try! instance.write { $0.upsert(["title": .string("fresh \(i)")], to: key) }
+            }))
+        }
+        let journal = try! store.journal(limit: 20_000).count
+        precondition(journal <= Int(ReplicaStore.journalLength + ReplicaStore.pruneInterval))
+        plain.sort(); pruning.sort(); fresh.sort()
+        return Result(name: "store-retention",
+                      detail: "one-field edits into a store with a full journal (every 64th commit prunes 64 entries); "
+                          + "and open + edit by a fresh store instance",
+                      metrics: ["commit_p50_ms": percentile(plain, 0.5), "pruning_commit_p50_ms": percentile(pruning, 0.5),
+                                "pruning_commit_max_ms": pruning.last ?? 0, "fresh_instance_commit_p50_ms": percentile(fresh, 0.5),
+                                "journal_rows": Double(journal)])
+    }
+
     /// How soon a second connection (as another process would) sees a commit: the observer
     /// polls `refresh()` (PRAGMA data_version, then the journal) in a loop.
     static let crossProcess = Benchmark(name: "store-notice") { quick in

@@ -219,7 +219,7 @@ extension Replica {
     }
 
     /// Writes a roster entry signed by this device, after checking it has the right.
-    private func writeRosterEntry(adminOnly: Bool, _ build: (Roster, RosterEntryContext) throws -> RosterEntry) async throws {
+    private func writeRosterEntry(adminOnly: Bool, _ build: (Roster, RosterEntryContext, ReplicaState) throws -> RosterEntry) async throws {
         let key = deviceKey
         let group = groupID
         try await commit { state in
@@ -228,7 +228,7 @@ extension Replica {
             if adminOnly, roster.role(of: key.deviceID) != .admin {
                 throw DeviceAdministrationError.notAdmin(role: roster.role(of: key.deviceID)?.description ?? "device still joining")
             }
-            let entry = try build(roster, roster.context(for: key.deviceID, at: state.nextTimestamp()))
+            let entry = try build(roster, roster.context(for: key.deviceID, at: state.nextTimestamp()), state)
             return state.write(entry.fields, to: entry.recordKey)
         }
     }
@@ -238,7 +238,7 @@ extension Replica {
     public func invite(role: DeviceRole = .member, expires: Duration = .seconds(24 * 3600)) async throws -> InviteCode {
         let token = InviteToken.generate()
         let expiresAt = HybridLogicalClock.wallClock() + UInt64(max(0, expires.wholeMilliseconds))
-        try await writeRosterEntry(adminOnly: true) { _, context in
+        try await writeRosterEntry(adminOnly: true) { _, context, _ in
             try RosterEntry.make(.invite(token.hash, role: role, expiresAt: expiresAt), context: context, signer: deviceKey)
         }
         return InviteCode(groupID: groupID, inviter: deviceID, token: token)
@@ -246,7 +246,7 @@ extension Replica {
 
     /// Revokes an unused invite (by its code). Admins only.
     public func revokeInvite(_ code: InviteCode) async throws {
-        try await writeRosterEntry(adminOnly: true) { _, context in
+        try await writeRosterEntry(adminOnly: true) { _, context, _ in
             try RosterEntry.make(.revokeInvite(code.token.hash), context: context, signer: deviceKey)
         }
     }
@@ -258,7 +258,9 @@ extension Replica {
         let roster = self.roster()
         guard roster.devices[device] != nil else { throw DeviceAdministrationError.unknownDevice(device.shortForm) }
         guard roster.isActive(device) else { throw DeviceAdministrationError.alreadyRemoved(device.shortForm) }
-        try await writeRosterEntry(adminOnly: true) { roster, context in
+        try await writeRosterEntry(adminOnly: true) { roster, context, state in
+            // The cutoff: what this device has seen of the removed one's writes (the transaction's
+            // state, never `self.state`, whose lock the transaction holds).
             try RosterEntry.make(roster.removal(of: device, seen: state.context), context: context, signer: deviceKey)
         }
     }
@@ -266,7 +268,7 @@ extension Replica {
     /// Renames a device (this one, or any as an admin).
     public func renameDevice(_ device: DeviceID, to name: String) async throws {
         guard roster().devices[device] != nil else { throw DeviceAdministrationError.unknownDevice(device.shortForm) }
-        try await writeRosterEntry(adminOnly: device != deviceID) { _, context in
+        try await writeRosterEntry(adminOnly: device != deviceID) { _, context, _ in
             try RosterEntry.make(.rename(device: device, name: name), context: context, signer: deviceKey)
         }
     }
@@ -277,7 +279,7 @@ extension Replica {
         guard roster().entries.values.contains(where: { $0.kind == .legacyGenesis }), !roster().isLegacyEnrolmentClosed else {
             throw DeviceAdministrationError.noLegacyEnrolment
         }
-        try await writeRosterEntry(adminOnly: true) { roster, context in
+        try await writeRosterEntry(adminOnly: true) { roster, context, _ in
             try RosterEntry.make(roster.closingLegacyEnrolment(), context: context, signer: deviceKey)
         }
     }

@@ -125,7 +125,9 @@ public actor Replica {
     public nonisolated var deviceID: DeviceID { deviceKey.deviceID }
 
     /// The identity sessions use.
-    var identity: LocalIdentity { LocalIdentity(key: deviceKey, groupID: groupID, pendingJoin: pendingJoin) }
+    var identity: LocalIdentity {
+        LocalIdentity(key: deviceKey, groupID: groupID, pendingJoin: pendingJoin, legacySecret: legacySecret)
+    }
 
     public nonisolated var replicaID: ReplicaID { store.replicaID }
     /// The current state (a snapshot; cheap).
@@ -334,6 +336,28 @@ public actor Replica {
         }
     }
 
+    /// Drops what a removed device wrote past its cutoff and reached this replica before it
+    /// learned of the removal (members that knew refused it on receipt), so every member ends
+    /// with the same data. The dots stay in the context: those writes are never offered again.
+    func purgeRefusedWrites(_ roster: Roster) {
+        guard roster.devices.values.contains(where: { !$0.isActive }) || !roster.banned.isEmpty else { return }
+        do {
+            let purged = try store.replaceRecords(reason: "writes of removed devices") { state in
+                guard let stripped = state.records.strippingRefused(by: roster) else { return [:] }
+                let kept = Dictionary(uniqueKeysWithValues: stripped.delta.allRecords.map { ($0.0, $0.1) })
+                var replacements: [RecordKey: RecordState?] = [:]
+                for (key, record) in state.records.allRecords where kept[key] != record { replacements[key] = kept[key] }
+                return replacements
+            }
+            if purged > 0 {
+                logger.info("dropped writes a removed device made past its cutoff", metadata: ["records": "\(purged)"])
+                publish(ReplicaChange(origin: .local, records: []))
+            }
+        } catch {
+            logger.error("cannot drop a removed device's writes", metadata: ["error": "\(error)"])
+        }
+    }
+
     // MARK: - Bundles
 
     /// A sync bundle: what a device with context `peerContext` lacks (everything for nil),
@@ -409,9 +433,20 @@ public actor Replica {
             case .peerConnected(let info):
                 peerNames[info.replicaID] = info.name
                 setStatus(.syncing(progress: nil))
-            case .peerDisconnected(let info, _):
+            case .peerDisconnected(let info, let reason):
                 peerNames[info.replicaID] = nil
-                if peerNames.isEmpty { setStatus(.connecting) }
+                if case .peerClosed(.deviceRemoved, _) = reason {
+                    // A member's roster says this device was removed: nobody will sync with it.
+                    setStatus(.error(.removedFromGroup))
+                } else if peerNames.isEmpty, case .peerClosed(let code, _) = reason,
+                          ![.normal, .shuttingDown, .duplicateConnection].contains(code) {
+                    // The peer refused us (an invite it would not take, clock skew, …): say why.
+                    setStatus(.error(.session(address: info.address, reason: reason)))
+                } else if peerNames.isEmpty {
+                    setStatus(.connecting)
+                }
+            case .sessionRefused(_, .peerClosed(.deviceRemoved, _)):
+                setStatus(.error(.removedFromGroup))
             case .sessionRefused(let address, let reason):
                 if peerNames.isEmpty { setStatus(.error(.session(address: address, reason: reason))) }
             case .catchUpProgress(_, let chunk, let chunks, _):
@@ -444,8 +479,9 @@ public actor Replica {
                 } catch {
                     logger.error("cannot record the completed join", metadata: ["error": "\(error)"])
                 }
-            case .rosterChanged(_, let removedSelf):
+            case .rosterChanged(let roster, let removedSelf):
                 if removedSelf { setStatus(.error(.removedFromGroup)) }
+                purgeRefusedWrites(roster)
             case .localChange(let delta):
                 publish(ReplicaChange(origin: .local, records: Set(delta.allRecords.map(\.0))))
             case .remoteChange(let outcome, let info):

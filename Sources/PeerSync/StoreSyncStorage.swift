@@ -15,7 +15,11 @@ public struct StoreSyncStorage: SyncStorage {
     public func snapshot() -> ReplicaState { store.state }
 
     public func applyRemote(_ deltas: [RecordMap], from origin: String) throws -> [MergeOutcome] {
-        try store.applyRemoteEach(deltas, from: origin)
+        do {
+            return try store.applyRemoteEach(deltas, from: origin)
+        } catch .refused(_, let detail) {
+            throw SyncStorageRefusal(detail)
+        }
     }
 
     public func commitLocal(_ body: (inout ReplicaState) throws -> RecordMap?) throws -> RecordMap? {

@@ -58,6 +58,23 @@ public struct RecordMap: Sendable {
         }
     }
 
+    /// A state (a delta, without a maintained digest) from records already grouped the way a
+    /// map holds them: collection → record ID → state. Empty records and collections are
+    /// dropped. Decoders build deltas this way, hashing each record once.
+    public init(collections: [String: [UUID: RecordState]], context: CausalContext) {
+        self.collections = collections
+        self.context = context
+        maintainedDigest = nil
+        for (collection, records) in collections {
+            if records.isEmpty {
+                self.collections[collection] = nil
+            } else if records.values.contains(where: \.isEmpty) {
+                self.collections[collection] = records.filter { !$0.value.isEmpty }
+                if self.collections[collection]?.isEmpty == true { self.collections[collection] = nil }
+            }
+        }
+    }
+
     public func record(_ key: RecordKey) -> RecordState? {
         collections[key.collection]?[key.id]
     }

@@ -95,7 +95,7 @@ public struct CounterExhaustedError: Error, Equatable, Sendable, CustomStringCon
 
 /// Why a value built in memory breaks a bound of ``ValidationLimits`` (values decoded from
 /// bytes are refused with a ``BinaryDecodingError`` instead).
-public struct ValidationError: Error, Equatable, Sendable, CustomStringConvertible {
+public struct LimitViolationError: Error, Equatable, Sendable, CustomStringConvertible {
     public let description: String
 
     public init(_ description: String) {

@@ -182,6 +182,8 @@ public struct Roster: Sendable {
     public private(set) var banned: [DeviceID: Removal] = [:]
     /// Replica ID → the device that claimed it first (which may since have been removed).
     public private(set) var writers: [ReplicaID: DeviceID] = [:]
+    /// Replica IDs claimed by removed devices in claims that did not count (see ``refusal(of:)``).
+    public private(set) var claimsOfRemovedDevices: [ReplicaID: DeviceID] = [:]
     /// Invites by hash.
     public private(set) var invites: [InviteHash: Invite] = [:]
     /// The closeLegacy entry that closed legacy enrolment, if any.
@@ -225,6 +227,16 @@ public struct Roster: Sendable {
         devices = state.devices
         banned = state.banned
         writers = state.writers
+        // Claims that did not count because their signer was removed (e.g. a claim the remover
+        // never saw, voided by the heads rule) still say whose writes those are, for refusing
+        // them past the cutoff. The first such claim in evaluation order names the device.
+        var removedClaims: [ReplicaID: DeviceID] = [:]
+        for entry in sorted {
+            guard case .writer(let replica) = entry.payload, state.writers[replica] == nil, removedClaims[replica] == nil,
+                  state.devices[entry.signer]?.removal != nil || state.banned[entry.signer] != nil else { continue }
+            removedClaims[replica] = entry.signer
+        }
+        claimsOfRemovedDevices = removedClaims
         invites = state.invites
         legacyClosedBy = state.legacyClosedBy
         countedLegacyEnrols = state.countedLegacyEnrols
@@ -274,7 +286,8 @@ public struct Roster: Sendable {
     /// by a removed device and its counter exceeds the cutoff for that replica (0 if the
     /// removal lists none).
     public func refusal(of dot: Dot) -> DotRefusal? {
-        guard let device = writers[dot.replica], let removal = devices[device]?.removal else { return nil }
+        guard let device = writers[dot.replica] ?? claimsOfRemovedDevices[dot.replica],
+              let removal = devices[device]?.removal ?? banned[device] else { return nil }
         let cutoff = removal.dataCutoff[dot.replica] ?? 0
         return dot.counter > cutoff ? DotRefusal(dot: dot, device: device, cutoff: cutoff) : nil
     }

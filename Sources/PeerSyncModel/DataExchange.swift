@@ -14,6 +14,10 @@ import PeerSyncCRDT
 /// duration, location}`, `duration` in seconds or an ISO 8601 duration such as `"PT8H"`,
 /// `location` an embedded `{id, name, address}` or null). IDs are kept, so importing a file
 /// twice changes nothing the second time.
+///
+/// Numbers JSON cannot hold (NaN, ±infinity) are exported as the strings `"NaN"`,
+/// `"Infinity"` and `"-Infinity"`. Import refuses a shift type whose duration is not a number
+/// of seconds in 0...``ShiftType/maximumDuration``, naming the entry and the field.
 public enum DataExchange {
     public static let formatName = "peersync-export"
     public static let formatVersion: Int64 = 1
@@ -66,9 +70,17 @@ public enum DataExchange {
 
     /// Pretty, key-sorted JSON bytes of ``export(_:)``.
     public static func exportData(_ state: ReplicaState) throws -> Data {
+        try jsonEncoder().encode(export(state))
+    }
+
+    /// The encoder of exports and of the CLI's `--json` output: pretty, keys sorted, and
+    /// non-finite numbers as the strings `"NaN"`, `"Infinity"`, `"-Infinity"` (JSON has no
+    /// form for them; a stored NaN must not make an export or a listing fail).
+    public static func jsonEncoder() -> JSONEncoder {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
-        return try encoder.encode(export(state))
+        encoder.nonConformingFloatEncodingStrategy = .convertToString(positiveInfinity: "Infinity", negativeInfinity: "-Infinity", nan: "NaN")
+        return encoder
     }
 
     // MARK: Import
@@ -100,7 +112,7 @@ public enum DataExchange {
                 }
             }
             if let d = scratch.upsert(fields, to: key) {
-                delta = delta.map { $0.merged(with: d) } ?? d
+                join(d, into: &delta)
                 if existed { summary.updated += 1 } else { summary.created += 1 }
             } else {
                 summary.unchanged += 1
@@ -108,12 +120,19 @@ public enum DataExchange {
         }
         for (key, value) in plan.settings.sorted(by: { $0.key < $1.key }) {
             if let d = scratch.setSetting(key, to: value, scope: .synced) {
-                delta = delta.map { $0.merged(with: d) } ?? d
+                join(d, into: &delta)
                 summary.settingsChanged += 1
             }
         }
+        if let failure = scratch.localChangeFailure { throw ImportError("\(failure)") }
         state = scratch
         return (delta, summary)
+    }
+
+    /// Joins in place: `merged(with:)` would copy the growing delta once per entry, which made
+    /// a 20,000-entry import quadratic.
+    static func join(_ d: RecordMap, into delta: inout RecordMap?) {
+        if delta == nil { delta = d } else { delta!.merge(d) }
     }
 
     struct Plan {
@@ -138,6 +157,9 @@ public enum DataExchange {
                         let (id, object) = try identified(item, "\(collection)[\(index)]")
                         var fields = object.mapValues(\.fieldValue)
                         fields["id"] = nil
+                        if collection == ShiftType.collection, let duration = object["duration"] {
+                            _ = try number(duration, "\(collection)[\(index)].duration")
+                        }
                         plan.records.append((RecordKey(collection: collection, id: id), fields))
                     }
                 }
@@ -205,17 +227,30 @@ public enum DataExchange {
         }
     }
 
+    /// A shift duration in seconds, from a number or an ISO 8601 duration string.
     static func seconds(_ value: JSONValue, _ place: String) throws(ImportError) -> Double {
-        switch value {
-        case .int(let v) where v >= 0: return Double(v)
-        case .double(let v) where v >= 0 && v.isFinite: return v
-        case .string(let text):
-            guard let seconds = ISO8601Duration.seconds(text) else {
-                throw ImportError("\(place) \"\(text)\" is not an ISO 8601 duration such as PT8H or PT7H30M")
-            }
-            return seconds
-        default: throw ImportError("\(place) must be seconds (a number ≥ 0) or an ISO 8601 duration string")
+        guard case .string(let text) = value else { return try number(value, place) }
+        guard let seconds = ISO8601Duration.seconds(text) else {
+            throw ImportError("\(place) \"\(text)\" is not an ISO 8601 duration such as PT8H or PT7H30M")
         }
+        if let violation = ShiftType.durationViolation(seconds) {
+            throw ImportError("\(place) \"\(text)\" is not a valid duration: \(violation)")
+        }
+        return seconds
+    }
+
+    /// A shift duration given as a number of seconds.
+    static func number(_ value: JSONValue, _ place: String) throws(ImportError) -> Double {
+        let seconds: Double
+        switch value {
+        case .int(let v): seconds = Double(v)
+        case .double(let v): seconds = v
+        default: throw ImportError("\(place) must be seconds (a number from 0 to \(Int(ShiftType.maximumDuration))) or an ISO 8601 duration string")
+        }
+        if let violation = ShiftType.durationViolation(seconds) {
+            throw ImportError("\(place) \(value.numberText) is not a valid duration: \(violation)")
+        }
+        return seconds
     }
 
     static func describe(_ error: any Error) -> String {

@@ -62,3 +62,14 @@ public enum JSONValue: Codable, Equatable, Sendable {
         }
     }
 }
+
+extension JSONValue {
+    /// A number as an error message shows it (`1e+300`, `-5`); other kinds by their JSON.
+    var numberText: String {
+        switch self {
+        case .int(let v): "\(v)"
+        case .double(let v): "\(v)"
+        default: "\(self)"
+        }
+    }
+}

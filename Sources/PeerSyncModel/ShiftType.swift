@@ -27,3 +27,24 @@ public struct ShiftType: SyncRecord, Hashable {
         self.locationID = locationID
     }
 }
+
+extension ShiftType {
+    /// The longest valid ``duration``: 366 days (31,622,400 seconds). A longer "shift" is a
+    /// typo or damage; the import and the CLI refuse it.
+    public static let maximumDuration: TimeInterval = 366 * 86_400
+
+    /// Why `seconds` is not a valid ``duration`` (not a number, infinite, negative, or over
+    /// ``maximumDuration``), or nil if it is one. A stored shift type can still hold an
+    /// invalid duration (written by another program, or synced from a peer that did not
+    /// check): readers show it as invalid instead of computing with it.
+    public static func durationViolation(_ seconds: Double) -> String? {
+        if seconds.isNaN { return "not a number" }
+        if seconds.isInfinite { return "infinite" }
+        if seconds < 0 { return "negative" }
+        if seconds > maximumDuration { return "over the maximum of \(Int(maximumDuration)) seconds (366 days)" }
+        return nil
+    }
+
+    /// Whether ``duration`` is valid (see ``durationViolation(_:)``).
+    public var hasValidDuration: Bool { Self.durationViolation(duration) == nil }
+}

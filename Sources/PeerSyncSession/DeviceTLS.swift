@@ -33,6 +33,10 @@ public struct DeviceTLS: Sendable {
     public let admit: @Sendable (DeviceID) -> Bool
     let clientContext: NIOSSLContext
     let serverContext: NIOSSLContext
+    /// For a group upgraded from a shared secret: TLS 1.2 with its pre-shared key, to reach
+    /// nodes of the previous version (they then hear "upgrade"; no data crosses).
+    let legacyClientContext: NIOSSLContext?
+    let acceptsLegacy: Bool
 
     /// TLS contexts for `key`, presenting `certificate` (made now if nil) and admitting peers
     /// for which `admit` returns true.
@@ -40,15 +44,17 @@ public struct DeviceTLS: Sendable {
     /// - Throws: ``DeviceTLSError/certificateForAnotherKey``, or NIOSSL's error if BoringSSL
     ///   refuses the key or certificate.
     public init(
-        key: DeviceKey, certificate: DeviceCertificate? = nil, admit: @escaping @Sendable (DeviceID) -> Bool
+        key: DeviceKey, certificate: DeviceCertificate? = nil, legacySecret: GroupSecret? = nil,
+        admit: @escaping @Sendable (DeviceID) -> Bool
     ) throws {
-        try self.init(key: key, certificate: certificate, curves: nil, admit: admit)
+        try self.init(key: key, certificate: certificate, curves: nil, legacySecret: legacySecret, admit: admit)
     }
 
     /// `curves`: key exchange groups, nil for NIOSSL's default (X25519MLKEM768 hybrid first, then
     /// X25519, P-256, P-384). Only the handshake measurement uses another set.
     init(
-        key: DeviceKey, certificate: DeviceCertificate?, curves: [NIOTLSCurve]?, admit: @escaping @Sendable (DeviceID) -> Bool
+        key: DeviceKey, certificate: DeviceCertificate?, curves: [NIOTLSCurve]?, legacySecret: GroupSecret? = nil,
+        admit: @escaping @Sendable (DeviceID) -> Bool
     ) throws {
         let certificate = try certificate ?? DeviceCertificate.make(key: key)
         guard certificate.deviceID == key.deviceID else { throw DeviceTLSError.certificateForAnotherKey }
@@ -66,6 +72,19 @@ public struct DeviceTLS: Sendable {
         Self.restrict(&client)
         server.curves = curves
         client.curves = curves
+        if let legacySecret {
+            // The same listener also speaks TLS 1.2 with the old group's pre-shared key, so a node
+            // of the previous version that dials in is told to upgrade instead of failing silently.
+            let legacy = try TLSContexts(secret: legacySecret)
+            server.minimumTLSVersion = .tlsv12
+            server.cipherSuites = TLSContexts.cipherSuites
+            server.pskHint = "peersync"
+            server.pskServerProvider = legacy.pskServerProvider
+            legacyClientContext = legacy.client
+        } else {
+            legacyClientContext = nil
+        }
+        acceptsLegacy = legacySecret != nil
         serverContext = try NIOSSLContext(configuration: server)
         clientContext = try NIOSSLContext(configuration: client)
     }
@@ -100,7 +119,17 @@ public struct DeviceTLS: Sendable {
         } else {
             try operations.addHandler(NIOSSLServerHandler(context: serverContext, customVerificationCallback: verify))
         }
-        try operations.addHandler(PeerAdmissionHandler(peer: peer, expecting: expecting, admit: admit))
+        try operations.addHandler(PeerAdmissionHandler(peer: peer, expecting: expecting, admit: admit, acceptsLegacy: acceptsLegacy))
+        return peer
+    }
+
+    /// Like ``configure(_:dialed:expecting:)`` for dialing a node of the previous version: TLS 1.2
+    /// with the old group's pre-shared key (nil if this group has none).
+    public func configureLegacyClient(_ channel: any Channel) throws -> TLSPeer? {
+        guard let legacyClientContext else { return nil }
+        let peer = TLSPeer(promise: channel.eventLoop.makePromise(of: DeviceID.self))
+        try channel.pipeline.syncOperations.addHandler(try NIOSSLClientHandler(context: legacyClientContext, serverHostname: nil))
+        try channel.pipeline.syncOperations.addHandler(PeerAdmissionHandler(peer: peer, expecting: nil, admit: { _ in false }, acceptsLegacy: true))
         return peer
     }
 
@@ -197,6 +226,9 @@ public enum DeviceTLSError: Error, Hashable, CustomStringConvertible {
     case closedBeforeHandshake
     /// The handshake finished with another TLS version (cannot happen with ``DeviceTLS``'s configuration).
     case notTLS13
+    /// The peer speaks TLS 1.2 with the old group secret: a node of the previous version. The
+    /// channel stays open for the session to tell it to upgrade; no device was authenticated.
+    case legacyPeer
     /// ``DeviceTLS/init(key:certificate:admit:)`` was given a certificate for another key.
     case certificateForAnotherKey
 
@@ -205,6 +237,7 @@ public enum DeviceTLSError: Error, Hashable, CustomStringConvertible {
         case .refused(let verdict): "TLS peer refused: \(verdict)"
         case .closedBeforeHandshake: "connection closed before the TLS handshake finished (refused by the peer, or not a PeerSync device)"
         case .notTLS13: "TLS handshake did not negotiate TLS 1.3"
+        case .legacyPeer: "the peer speaks TLS 1.2 with the old group secret (a node of the previous version)"
         case .certificateForAnotherKey: "the device certificate does not certify this device's key"
         }
     }
@@ -219,18 +252,25 @@ final class PeerAdmissionHandler: ChannelInboundHandler, RemovableChannelHandler
     private let peer: TLSPeer
     private let expecting: DeviceID?
     private let admit: @Sendable (DeviceID) -> Bool
+    private let acceptsLegacy: Bool
     private var settled = false
 
-    init(peer: TLSPeer, expecting: DeviceID?, admit: @escaping @Sendable (DeviceID) -> Bool) {
+    init(peer: TLSPeer, expecting: DeviceID?, admit: @escaping @Sendable (DeviceID) -> Bool, acceptsLegacy: Bool = false) {
         self.peer = peer
         self.expecting = expecting
         self.admit = admit
+        self.acceptsLegacy = acceptsLegacy
     }
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if let event = event as? TLSUserEvent, case .handshakeCompleted = event, !settled {
             settled = true
             let tls = try? context.pipeline.syncOperations.handler(type: NIOSSLHandler.self)
+            if acceptsLegacy, tls?.tlsVersion == .tlsv12 {
+                peer.fail(DeviceTLSError.legacyPeer)  // the session goes on, to say "upgrade"
+                context.fireUserInboundEventTriggered(event)
+                return
+            }
             if tls?.tlsVersion != .tlsv13 {
                 peer.fail(DeviceTLSError.notTLS13)
                 context.close(promise: nil)

@@ -15,6 +15,8 @@ public actor Replicator {
     public nonisolated let replicaID: ReplicaID
     /// This node's device key (sessions sign with it; TLS certificates are made from it).
     public nonisolated let deviceKey: DeviceKey
+    /// An upgraded group's old secret, if any (see ``LocalIdentity/legacySecret``).
+    public nonisolated let legacySecret: GroupSecret?
     public nonisolated let configuration: SyncConfiguration
     nonisolated let storage: any SyncStorage
     nonisolated let logger: Logger
@@ -25,6 +27,8 @@ public actor Replicator {
     private var timer: Task<Void, Never>?
     private var emptyWaiters: [CheckedContinuation<Void, Never>] = []
     private var closedTraffic = TrafficCounters()
+    /// Ineffective roster entries already logged.
+    private var reportedIneffective: Set<RosterEntryID> = []
     private let commitQueue = DispatchQueue(label: "peersync.commit")
     private nonisolated let subscribers = Mutex<(next: Int, continuations: [Int: AsyncStream<NodeEvent>.Continuation])>((0, [:]))
 
@@ -42,6 +46,7 @@ public actor Replicator {
         self.configuration = configuration
         self.identity = identity
         deviceKey = identity.key
+        legacySecret = identity.legacySecret
         var logger = logger
         logger[metadataKey: "replica"] = "\(replicaID.shortDescription)"
         self.logger = logger
@@ -160,6 +165,14 @@ public actor Replicator {
             emit(.joined(roster))
         }
         let removedSelf = roster.isRemoved(me)
+        // Entries that do not count are kept (the roster is add-only) and said once each.
+        for ineffective in roster.ineffective where !reportedIneffective.contains(ineffective.entry.id) {
+            reportedIneffective.insert(ineffective.entry.id)
+            logger.warning("roster entry has no effect", metadata: [
+                "entry.id": "\(ineffective.entry.id.shortDescription)", "entry.kind": "\(ineffective.entry.kind)",
+                "entry.signer": "\(ineffective.entry.signer.shortForm)", "reason": "\(ineffective.reason)",
+            ])
+        }
         perform(core.updateRoster(roster, identity: identity, now: .now))
         emit(.rosterChanged(roster, removedSelf: removedSelf))
     }
@@ -301,8 +314,10 @@ public actor Replicator {
             let touchedRoster = outcomes.contains { $0.changedRecords.contains { $0.collection == RosterEntry.collection } }
             perform(core.committed(id, outcomes: outcomes, state: storage.snapshot(), now: .now))
             if touchedRoster { refreshRoster() }
+        case .failure(let error as SyncStorageRefusal):
+            perform(core.commitFailed(id, error: error.detail, refused: true, now: .now, state: storage.snapshot()))
         case .failure(let error):
-            perform(core.commitFailed(id, error: "\(error)", now: .now, state: storage.snapshot()))
+            perform(core.commitFailed(id, error: "\(error)", refused: false, now: .now, state: storage.snapshot()))
         }
     }
 }

@@ -32,7 +32,8 @@ public actor SyncNode {
         self.logger = logger
         // TLS admits every device: the session layer authenticates it again and asks the roster,
         // so a refused device gets a reason it can act on instead of a failed handshake.
-        tls = replicator.configuration.security == .tls ? try DeviceTLS(key: replicator.deviceKey) { _ in true } : nil
+        tls = replicator.configuration.security == .tls
+            ? try DeviceTLS(key: replicator.deviceKey, legacySecret: replicator.legacySecret) { _ in true } : nil
     }
 
     /// A node with its own replicator over `storage`.
@@ -111,11 +112,11 @@ public actor SyncNode {
 
     /// A connection's pipeline: byte counter, TLS (with the peer's device ID once authenticated),
     /// frame decoder.
-    static func configurePipeline(_ channel: any Channel, tls: DeviceTLS?, dialed: Bool, maxFrame: Int) throws
+    static func configurePipeline(_ channel: any Channel, tls: DeviceTLS?, dialed: Bool, maxFrame: Int, legacy: Bool = false) throws
         -> (NIOAsyncChannel<InboundFrame, ByteBuffer>, TLSPeer?)
     {
         try channel.pipeline.syncOperations.addHandler(ByteCounter(), name: "bytes")
-        let peer = try tls?.configure(channel, dialed: dialed)
+        let peer = legacy ? try tls?.configureLegacyClient(channel) : try tls?.configure(channel, dialed: dialed)
         try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder(maxFrameBytes: maxFrame)))
         return (try NIOAsyncChannel(wrappingChannelSynchronously: channel), peer)
     }
@@ -154,7 +155,7 @@ public actor SyncNode {
         }
     }
 
-    private func dial(_ address: PeerAddress) async {
+    private func dial(_ address: PeerAddress, legacy: Bool = false) async {
         let tls = self.tls
         let maxFrame = configuration.limits.maxFrameBytes
         do {
@@ -163,10 +164,13 @@ public actor SyncNode {
                 .channelOption(.socketOption(.tcp_nodelay), value: 1)
                 .connect(host: address.host, port: Int(address.port)) { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try Self.configurePipeline(channel, tls: tls, dialed: true, maxFrame: maxFrame)
+                        try Self.configurePipeline(channel, tls: tls, dialed: true, maxFrame: maxFrame, legacy: legacy)
                     }
                 }
-            await run(channel, tls: peer, address: address.description, initiator: true)
+            let handshook = await run(channel, tls: peer, address: address.description, initiator: true)
+            // A node of the previous version only speaks TLS 1.2 with the old group secret: try
+            // that once, so it hears "upgrade" instead of a failed handshake.
+            if !handshook, !legacy, tls?.legacyClientContext != nil, !stopped { await dial(address, legacy: true) }
         } catch {
             logger.debug("dial failed", metadata: ["peer.address": "\(address)", "error": "\(error)"])
             replicator.emit(.sessionRefused(address: address.description, reason: .unreachable(detail: "\(error)")))
@@ -175,11 +179,13 @@ public actor SyncNode {
 
     /// One connection's life: a reader feeding frames to the replicator and a writer pulling
     /// what it decides to send.
-    private func run(_ channel: NIOAsyncChannel<InboundFrame, ByteBuffer>, tls: TLSPeer?, address: String, initiator: Bool) async {
+    /// Returns false if the TLS handshake failed (nothing else happened).
+    @discardableResult
+    private func run(_ channel: NIOAsyncChannel<InboundFrame, ByteBuffer>, tls: TLSPeer?, address: String, initiator: Bool) async -> Bool {
         let raw = channel.channel
         guard !stopped else {
             try? await raw.close()
-            return
+            return true
         }
         var device: DeviceID?
         if let tls {
@@ -190,11 +196,13 @@ public actor SyncNode {
             defer { timeout.cancel() }
             do {
                 device = try await tls.authenticated.get()
+            } catch DeviceTLSError.legacyPeer {
+                device = nil  // a node of the previous version: the session tells it to upgrade
             } catch {
                 try? await raw.close()
                 logger.warning("session refused", metadata: ["peer.address": "\(address)", "reason": "\(SessionEndReason.handshakeFailed(detail: "\(error)"))"])
                 replicator.emit(.sessionRefused(address: address, reason: .handshakeFailed(detail: "\(error)")))
-                return
+                return false
             }
         }
         let origin = SessionOrigin(address: address, initiator: initiator, transportDevice: device)
@@ -244,6 +252,7 @@ public actor SyncNode {
             reason = Self.classify(error)
         }
         await replicator.transportEnded(id, reason: reason)
+        return true
     }
 
     private func remember(_ replica: ReplicaID, at address: String) { addressReplica[address] = replica }

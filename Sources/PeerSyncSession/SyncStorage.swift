@@ -16,6 +16,14 @@ public protocol SyncStorage: Sendable {
     func commitLocal(_ body: (inout ReplicaState) throws -> RecordMap?) throws -> RecordMap?
 }
 
+/// Thrown by a ``SyncStorage`` that refuses what a peer sent (it breaks a bound the store
+/// enforces): the peer's fault, not the storage's.
+public struct SyncStorageRefusal: Error, Sendable, CustomStringConvertible {
+    public let detail: String
+    public init(_ detail: String) { self.detail = detail }
+    public var description: String { detail }
+}
+
 /// Names one session (a connection, or an app transport's session) within a node.
 public struct SessionID: Hashable, Comparable, Sendable, CustomStringConvertible {
     public let rawValue: UInt64

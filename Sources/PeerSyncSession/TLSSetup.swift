@@ -19,6 +19,8 @@ public enum SessionSecurity: Sendable, Equatable {
 struct TLSContexts: Sendable {
     let client: NIOSSLContext
     let server: NIOSSLContext
+    /// The server side's key callback (also used by the device TLS listener of an upgraded group).
+    let pskServerProvider: NIOPSKServerIdentityProvider
 
     static let cipherSuites = "ECDHE-PSK-CHACHA20-POLY1305:ECDHE-PSK-AES256-CBC-SHA"
 
@@ -32,7 +34,7 @@ struct TLSContexts: Sendable {
         serverConfiguration.maximumTLSVersion = .tlsv12
         serverConfiguration.cipherSuites = Self.cipherSuites
         serverConfiguration.pskHint = "peersync"
-        serverConfiguration.pskServerProvider = { context in
+        let provider: NIOPSKServerIdentityProvider = { context in
             // A client of another group presents another tag; refusing here fails its handshake.
             guard context.clientIdentity == identity else {
                 onRefusedIdentity(context.clientIdentity)
@@ -42,6 +44,8 @@ struct TLSContexts: Sendable {
             bytes.append(contentsOf: key)
             return PSKServerIdentityResponse(key: bytes)
         }
+        serverConfiguration.pskServerProvider = provider
+        pskServerProvider = provider
         var clientConfiguration = TLSConfiguration.makePreSharedKeyConfiguration()
         clientConfiguration.minimumTLSVersion = .tlsv12
         clientConfiguration.maximumTLSVersion = .tlsv12

@@ -13,6 +13,13 @@ import Synchronization
 ///   appends its delta to a journal; before every write, and on ``refresh()``, a process joins the
 ///   journal entries it has not seen — only the new changes, never the whole store. A process
 ///   notices another's commit through `PRAGMA data_version` on a dedicated connection.
+/// - The journal keeps the last ``journalLength`` entries and the conflict table the last
+///   ``ConflictLog/defaultCapacity``: whichever process commits (a node, or a one-commit CLI
+///   command) prunes inside its own transaction when a sequence number crosses a multiple of
+///   ``pruneInterval``, so neither table ever holds more than its limit + ``pruneInterval`` rows.
+/// - Every change is checked against ``ValidationLimits`` before it is written (a remote delta,
+///   or a local one holding a value nested too deep): the store never holds what it could not
+///   read back or what its peers would refuse.
 ///
 /// All methods are thread-safe; writes of one process are serialized.
 public final class ReplicaStore: Sendable {
@@ -21,7 +28,10 @@ public final class ReplicaStore: Sendable {
     /// A delta of more records than this is journaled as "reload" instead of its bytes.
     static let largestJournaledRecords = 256
     /// Journal entries kept (older ones are pruned); a reader further behind reloads.
-    static let journalLength: Int64 = 10_000
+    public static let journalLength: Int64 = 10_000
+    /// A commit whose journal (or conflict) sequence number crosses a multiple of this prunes
+    /// that table in its own transaction: one indexed range delete of about this many rows.
+    public static let pruneInterval: Int64 = 64
 
     public let directory: String
     public let path: String
@@ -37,7 +47,6 @@ public final class ReplicaStore: Sendable {
         /// Highest journal sequence number this process has joined.
         var position: Int64
         var dataVersion: Int?
-        var commitsSincePrune = 0
         /// Other processes' commits joined inside this process's own transactions; the next
         /// ``refresh()`` reports them, so they are shipped to peers like any other.
         var absorbed: [StoreChange] = []
@@ -70,7 +79,7 @@ public final class ReplicaStore: Sendable {
             try pool.write { db in
                 try ReplicaRow(
                     replicaID: replicaID.description, name: name,
-                    createdAt: Int64(HybridLogicalClock.wallClock()), clock: 0,
+                    createdAt: Int64(clamping: HybridLogicalClock.wallClock()), clock: 0,
                     context: Data(CausalContext().encodedBlob()), binding: Self.binding(of: path)
                 ).insert(db)
                 try db.execute(sql: "INSERT INTO incarnation (replicaID, startedAt, reason) VALUES (?, ?, ?)",
@@ -201,6 +210,11 @@ public final class ReplicaStore: Sendable {
     ///
     /// Before `body` runs, changes other processes committed are joined, so `body` sees the
     /// latest state and takes a fresh dot. If `body` throws, nothing is written.
+    ///
+    /// - Throws: what `body` throws; ``CounterExhaustedError`` if a local change in `body`
+    ///   could not be made (see ``ReplicaState/localChangeFailure``); ``StoreError/refused(path:detail:)``
+    ///   if the change breaks a bound of ``ValidationLimits``; other ``StoreError``s. Nothing is
+    ///   written in every case.
     @discardableResult
     public func write(_ body: (inout ReplicaState) throws -> RecordMap?) throws -> RecordMap? {
         try transaction(origin: "local") { state in
@@ -210,7 +224,9 @@ public final class ReplicaStore: Sendable {
     }
 
     /// Joins a delta received from a peer in one transaction and returns what changed.
-    /// A delta that changes nothing writes nothing.
+    /// A delta that changes nothing writes nothing. A delta that breaks a bound of
+    /// ``ValidationLimits``, or whose join would take the replica's context past one, is
+    /// refused (``StoreError/refused(path:detail:)``) and nothing is written.
     @discardableResult
     public func applyRemote(_ delta: RecordMap, from origin: String) throws(StoreError) -> MergeOutcome {
         try applyRemote([delta], from: origin)
@@ -228,6 +244,10 @@ public final class ReplicaStore: Sendable {
     /// in order (a group commit of deltas from several peers).
     public func applyRemoteEach(_ deltas: [RecordMap], from origin: String) throws(StoreError) -> [MergeOutcome] {
         do {
+            // Refuse what breaks the limits before the transaction: a refusal then costs
+            // O(delta + context), not a rollback and a reload of the state. (The transaction
+            // checks again, against whatever other processes committed meanwhile.)
+            try Self.checkLimits(deltas, joinedInto: inner.withLock { $0.state.context })
             return try transaction(origin: origin) { state in
                 let before = state.context
                 let outcomes = deltas.map { state.apply($0) }
@@ -338,6 +358,8 @@ public final class ReplicaStore: Sendable {
                     let conflictsBefore = state.conflicts.totalRecorded
                     let localBefore = state.localSettings
                     let (result, deltas) = try body(&state)
+                    try state.throwIfLocalChangeFailed()
+                    try Self.checkLimits(deltas, joinedInto: state)
                     committed = deltas
                     let newConflicts = state.conflicts.entries.suffix(min(state.conflicts.totalRecorded - conflictsBefore,
                                                                           state.conflicts.entries.count))
@@ -358,16 +380,84 @@ public final class ReplicaStore: Sendable {
             commits.publish(state: state, absorbed: absorbed, deltas: committed)
             inner.position = position
             inner.absorbed += absorbed
-            inner.commitsSincePrune += 1
-            if inner.commitsSincePrune >= 256 {
-                inner.commitsSincePrune = 0
-                try? run { db in
-                    try db.execute(sql: "DELETE FROM journal WHERE seq <= ?", arguments: [position - Self.journalLength])
-                    try db.execute(sql: "DELETE FROM conflict WHERE seq <= (SELECT max(seq) FROM conflict) - ?",
-                                   arguments: [ConflictLog.defaultCapacity])
-                }
-            }
             return result
+        }
+    }
+
+    /// Replaces the stored state of some records (nil or an empty state removes the record)
+    /// without changing the context, so nothing removed can come back as "missing": used to purge
+    /// what the roster refuses (a removed device's writes past its cutoff) and deleted records
+    /// every device has seen (compaction). `compute` sees the latest state (other processes'
+    /// commits joined) and returns the replacements. Other processes reload. Returns how many
+    /// records changed.
+    @discardableResult
+    public func replaceRecords(reason: String, _ compute: (ReplicaState) -> [RecordKey: RecordState?]) throws(StoreError) -> Int {
+        do {
+            return try inner.withLock { inner in
+                var state = inner.state
+                var position = inner.position
+                var absorbed: [StoreChange] = []
+                let count = try run { db -> Int in
+                    absorbed = try catchUp(db, &state, &position)
+                    let replacements = compute(state)
+                    guard !replacements.isEmpty else { return 0 }
+                    let upsert = try db.cachedStatement(sql: """
+                        INSERT INTO record (collection, id, visible, state) VALUES (?, ?, ?, ?)
+                        ON CONFLICT (collection, id) DO UPDATE SET visible = excluded.visible, state = excluded.state
+                        """)
+                    let delete = try db.cachedStatement(sql: "DELETE FROM record WHERE collection = ? AND id = ?")
+                    var records = Dictionary(uniqueKeysWithValues: state.records.allRecords.map { ($0.0, $0.1) })
+                    for (key, replacement) in replacements {
+                        if let replacement, !(replacement.fields.isEmpty && replacement.presence.isEmpty) {
+                            try upsert.execute(arguments: [key.collection, key.id.data, replacement.isVisible, Data(replacement.encodedBlob())])
+                            records[key] = replacement
+                        } else {
+                            try delete.execute(arguments: [key.collection, key.id.data])
+                            records[key] = nil
+                        }
+                    }
+                    var marker = JournalRow(committedAt: Int64(physicalClock()), origin: "purge",
+                                            summary: "\(reason): \(replacements.count) records", delta: nil)
+                    try marker.insert(db)
+                    position = marker.seq ?? position
+                    state = ReplicaState(
+                        replicaID: state.replicaID, name: state.name, records: RecordMap(records: records.map { ($0.key, $0.value) }, context: state.context),
+                        localSettings: state.localSettings, conflicts: state.conflicts, clockFloor: state.clock.latest,
+                        physicalClock: physicalClock)
+                    return replacements.count
+                }
+                inner.state = state
+                inner.position = position
+                inner.absorbed += absorbed
+                commits.publish(state: state, absorbed: absorbed + [StoreChange(sequence: position, origin: "purge", delta: nil)], deltas: [])
+                return count
+            }
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+
+    /// Refuses (before anything is written) changes that break a bound of ``ValidationLimits``:
+    /// a delta built in memory with an over-limit value, or a join that would take the
+    /// replica's context past the replica or cloud-dot limit (its peers would refuse it).
+    private static func checkLimits(_ deltas: [RecordMap], joinedInto state: ReplicaState) throws(LimitViolationError) {
+        for delta in deltas {
+            if let violation = delta.limitViolation { throw LimitViolationError(violation) }
+        }
+        if !deltas.isEmpty, let violation = state.context.limitViolation {
+            throw LimitViolationError("joining it would break a limit: \(violation)")
+        }
+    }
+
+    /// ``checkLimits(_:joinedInto:)`` against a context the deltas are not joined into yet.
+    private static func checkLimits(_ deltas: [RecordMap], joinedInto context: CausalContext) throws(LimitViolationError) {
+        var joined = context
+        for delta in deltas {
+            if let violation = delta.limitViolation { throw LimitViolationError(violation) }
+            joined.merge(delta.context)
+        }
+        if let violation = joined.limitViolation {
+            throw LimitViolationError("joining it would break a limit: \(violation)")
         }
     }
 
@@ -399,11 +489,18 @@ public final class ReplicaStore: Sendable {
             let journaled: RecordMap? = records > Self.largestJournaledRecords ? nil
                 : deltas.count == 1 ? deltas[0] : deltas.reduce(into: RecordMap.empty()) { $0.merge($1) }
             var row = JournalRow(
-                committedAt: Int64(physicalClock()), origin: origin,
+                committedAt: Int64(clamping: physicalClock()), origin: origin,
                 summary: journaled.map(Self.summary(of:)) ?? "\(records) records",
                 delta: journaled.map { Data($0.encoded()) })
             try row.insert(db)
             position = row.seq ?? position
+            // Retention, whichever process commits: each entry whose number is a multiple of
+            // pruneInterval drops the entries journalLength behind it (an indexed range delete
+            // on the rowid). Numbers grow by one per commit, so the journal never holds more
+            // than journalLength + pruneInterval − 1 entries.
+            if position % Self.pruneInterval == 0 {
+                try db.execute(sql: "DELETE FROM journal WHERE seq <= ?", arguments: [position - Self.journalLength])
+            }
         }
         for (key, value) in state.localSettings where localBefore[key] != value {
             try LocalSettingRow(key: key, value: Data(value.encoded)).upsert(db)
@@ -411,8 +508,19 @@ public final class ReplicaStore: Sendable {
         for key in localBefore.keys where state.localSettings[key] == nil {
             _ = try LocalSettingRow.deleteOne(db, key: key)
         }
-        for conflict in conflicts {
-            try ConflictRow(conflict).insert(db)
+        if !conflicts.isEmpty {
+            let before = try Int64.fetchOne(db, sql: "SELECT seq FROM conflict ORDER BY seq DESC LIMIT 1") ?? 0
+            var last = before
+            for conflict in conflicts {
+                var row = ConflictRow(conflict)
+                try row.insert(db)
+                last = row.seq ?? last
+            }
+            // Same rule as the journal: crossing a multiple of pruneInterval keeps the newest
+            // defaultCapacity rows, so the table never holds more than that + pruneInterval − 1.
+            if before / Self.pruneInterval != last / Self.pruneInterval {
+                try db.execute(sql: "DELETE FROM conflict WHERE seq <= ?", arguments: [last - Int64(ConflictLog.defaultCapacity)])
+            }
         }
     }
 
@@ -459,10 +567,13 @@ public final class ReplicaStore: Sendable {
         }
         let log = try conflicts ?? ConflictLog(entries: ConflictRow.order(ConflictRow.Columns.seq.desc)
             .limit(ConflictLog.defaultCapacity).fetchAll(db).reversed().map { try $0.entry() })
+        let clockFloor = HLCTimestamp(rawValue: UInt64(bitPattern: replica.clock))
+        guard ValidationLimits.isValidTimestamp(clockFloor) else {
+            throw BinaryDecodingError.invalid("replica clock \(clockFloor) (after the year 9999)")
+        }
         return ReplicaState(
             replicaID: replicaID, name: replica.name, records: RecordMap(records: records, context: context),
-            localSettings: localSettings, conflicts: log,
-            clockFloor: HLCTimestamp(rawValue: UInt64(bitPattern: replica.clock)), physicalClock: physicalClock)
+            localSettings: localSettings, conflicts: log, clockFloor: clockFloor, physicalClock: physicalClock)
     }
 
     static func summary(of delta: RecordMap) -> String {

@@ -47,7 +47,7 @@ struct LocalSettingRow: Codable, FetchableRecord, PersistableRecord {
 
 /// One conflict: `registers` is a blob of a record state whose fields `w` and `l` are the
 /// winner and the loser (reusing the record encoding).
-struct ConflictRow: Codable, FetchableRecord, PersistableRecord {
+struct ConflictRow: Codable, FetchableRecord, MutablePersistableRecord {
     static let databaseTableName = "conflict"
     enum Columns { static let seq = Column(CodingKeys.seq) }
 
@@ -64,6 +64,10 @@ struct ConflictRow: Codable, FetchableRecord, PersistableRecord {
         field = entry.field
         registers = Data(RecordState(fields: ["w": entry.winner, "l": entry.loser]).encodedBlob())
         detectedAt = Int64(bitPattern: entry.detectedAt.rawValue)
+    }
+
+    mutating func didInsert(_ inserted: InsertionSuccess) {
+        seq = inserted.rowID
     }
 
     func entry() throws -> ConflictEntry {

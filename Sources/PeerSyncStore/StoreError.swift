@@ -20,6 +20,9 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     case busy(path: String)
     case cannotOpen(path: String, detail: String)
     case io(path: String, detail: String)
+    /// A change broke a bound of ``ValidationLimits`` (e.g. a remote delta whose join would
+    /// take the replica's context past 10,000 replicas); nothing was written.
+    case refused(path: String, detail: String)
 
     public var description: String {
         switch self {
@@ -43,6 +46,8 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
             "cannot open \(path): \(detail)"
         case .io(let path, let detail):
             "input/output error on \(path): \(detail)"
+        case .refused(let path, let detail):
+            "refused a change to \(path): \(detail); nothing was written"
         }
     }
 
@@ -50,7 +55,7 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     /// other error (one a caller's closure threw) unchanged.
     static func wrapIfStorage(_ error: any Error, path: String) -> any Error {
         switch error {
-        case is StoreError, is BinaryDecodingError, is DatabaseError: wrap(error, path: path)
+        case is StoreError, is BinaryDecodingError, is DatabaseError, is LimitViolationError: wrap(error, path: path)
         default: error
         }
     }
@@ -59,6 +64,7 @@ public enum StoreError: Error, Equatable, CustomStringConvertible {
     static func wrap(_ error: any Error, path: String) -> StoreError {
         if let error = error as? StoreError { return error }
         if let error = error as? BinaryDecodingError { return .corrupt(path: path, detail: "stored data: \(error)") }
+        if let error = error as? LimitViolationError { return .refused(path: path, detail: error.description) }
         if let error = error as? DatabaseError {
             let detail = error.message ?? "\(error.resultCode)"
             switch error.resultCode.primaryResultCode {

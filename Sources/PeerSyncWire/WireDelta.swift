@@ -151,7 +151,9 @@ public enum WireDelta {
     public static func decode(_ bytes: [UInt8], with dictionary: WireDictionary) throws(WireError) -> RecordMap {
         var r = ByteReader(bytes)
         guard let form = r.readByte() else { throw .malformed(message: "delta", detail: "empty") }
-        var records: [RecordKey: RecordState] = [:]
+        // Records go straight into collection → ID → state, the map's own layout: no
+        // intermediate dictionary keyed by (collection, ID) to hash every record twice.
+        var collections: [String: [UUID: RecordState]] = [:]
         let context: CausalContext
         switch form {
         case 1:
@@ -170,13 +172,15 @@ public enum WireDelta {
                 fields[name] = FieldRegister(value: value, timestamp: timestamp, dot: dot, supersedes: supersedes)
             }
             state = RecordState(fields: fields, presence: state.presence)
-            records[key] = state
+            collections[key.collection] = [key.id: state]
             context = CausalContext(dots: [dot])
         case 0:
             context = try readContext(&r, with: dictionary)
             var previous = (time: UInt64(dictionary.lastPhysical) << 16, counter: UInt64(0))
             for _ in 0..<(try readCount(&r)) {
                 let collection = try dictionary.readName(from: &r)
+                var records = collections.removeValue(forKey: collection) ?? [:]
+                defer { if !records.isEmpty { collections[collection] = records } }
                 for _ in 0..<(try readCount(&r)) {
                     let key = RecordKey(collection: collection, id: try readUUID(&r))
                     guard let flags = r.readByte(), flags < 4 else { throw .malformed(message: "delta", detail: "bad record flags") }
@@ -237,15 +241,16 @@ public enum WireDelta {
                         }
                     }
                     guard !fields.isEmpty || !presence.isEmpty else { throw .malformed(message: "delta", detail: "empty record") }
-                    guard records[key] == nil else { throw .malformed(message: "delta", detail: "record \(key) twice") }
-                    records[key] = RecordState(fields: fields, presence: presence)
+                    guard records.updateValue(RecordState(fields: fields, presence: presence), forKey: key.id) == nil else {
+                        throw .malformed(message: "delta", detail: "record \(key) twice")
+                    }
                 }
             }
         default:
             throw .malformed(message: "delta", detail: "unknown form \(form)")
         }
         guard r.isAtEnd else { throw .malformed(message: "delta", detail: "\(r.remaining) trailing bytes") }
-        return RecordMap(records: records.map { ($0.key, $0.value) }, context: context, maintainingDigest: false)
+        return RecordMap(collections: collections, context: context)
     }
 
     /// The delta of exactly one write event, if `delta` is one.
@@ -321,7 +326,8 @@ public enum WireDelta {
 
     static func readUUID(_ r: inout ByteReader) throws(WireError) -> UUID {
         guard let b = r.readBytes(16) else { throw .malformed(message: "delta", detail: "truncated record ID") }
-        let a = Array(b)
-        return UUID(uuid: (a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]))
+        let i = b.startIndex  // no copy: index the slice
+        return UUID(uuid: (b[i], b[i + 1], b[i + 2], b[i + 3], b[i + 4], b[i + 5], b[i + 6], b[i + 7],
+                           b[i + 8], b[i + 9], b[i + 10], b[i + 11], b[i + 12], b[i + 13], b[i + 14], b[i + 15]))
     }
 }

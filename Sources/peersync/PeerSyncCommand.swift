@@ -52,10 +52,10 @@ struct CLIError: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-/// Stable JSON for `--json` output (keys sorted, documented in docs/CLI.md).
+/// Stable JSON for `--json` output (keys sorted, documented in docs/CLI.md). Numbers JSON
+/// cannot hold (a stored NaN or infinity) print as the strings "NaN", "Infinity", "-Infinity".
 func printJSON<T: Encodable>(_ value: T) throws {
-    let encoder = JSONEncoder()
-    encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+    let encoder = DataExchange.jsonEncoder()
     encoder.dateEncodingStrategy = .iso8601
     print(String(decoding: try encoder.encode(value), as: UTF8.self))
 }
@@ -74,10 +74,19 @@ func parseHostPort(_ text: String) throws -> PeerAddress {
     }
 }
 
-/// Seconds from "8h", "7h30m", "90m", "45s", "3600" or ISO 8601 "PT8H".
+/// Seconds from "8h", "7h30m", "90m", "45s", "3600" or ISO 8601 "PT8H"; at most
+/// ``ShiftType/maximumDuration``.
 func parseDuration(_ text: String) throws -> Double {
+    let seconds = try parseDurationText(text)
+    if let violation = ShiftType.durationViolation(seconds) {
+        throw CLIError("invalid duration \"\(text)\": \(violation)")
+    }
+    return seconds
+}
+
+private func parseDurationText(_ text: String) throws -> Double {
     let trimmed = text.trimmingCharacters(in: .whitespaces).lowercased()
-    if let seconds = Double(trimmed), seconds >= 0 { return seconds }
+    if trimmed.allSatisfy({ $0.isASCII && ($0.isNumber || $0 == ".") }), let seconds = Double(trimmed) { return seconds }
     if trimmed.hasPrefix("p"), let seconds = ISO8601Duration.seconds(trimmed) { return seconds }
     var total = 0.0
     var number = ""
@@ -102,8 +111,11 @@ private func invalidDuration(_ text: String) -> CLIError {
     CLIError("invalid duration \"\(text)\": use e.g. 8h, 7h30m, 90m, 3600 (seconds) or PT8H")
 }
 
+/// "8h", "7h30m", "45s"; a stored duration that is not valid (NaN, infinite, negative, over
+/// ``ShiftType/maximumDuration``) reads "invalid duration (nan)" and is never computed with.
 func formatDuration(_ seconds: Double) -> String {
-    let total = Int(seconds.rounded())
+    guard ShiftType.durationViolation(seconds) == nil else { return "invalid duration (\(seconds))" }
+    let total = Int(seconds.rounded())  // 0...31,622,400: checked above
     let (h, m, s) = (total / 3600, total % 3600 / 60, total % 60)
     return [h > 0 ? "\(h)h" : "", m > 0 ? "\(m)m" : "", s > 0 || total == 0 ? "\(s)s" : ""].joined()
 }

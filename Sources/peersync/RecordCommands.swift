@@ -14,16 +14,34 @@ struct LocationJSON: Codable {
     init(_ l: Location) { id = l.id.uuidString; name = l.name; address = l.address }
 }
 
-struct ShiftTypeJSON: Codable {
+/// A shift type in `--json` output (docs/CLI.md). A stored duration that is not valid
+/// (NaN, infinite, negative, over 366 days) has `durationSeconds` null and
+/// `invalidDuration` the stored value as text ("nan", "inf", "-5.0", "1e+300").
+struct ShiftTypeJSON: Encodable {
     var id: String
     var symbol: String
     var title: String
     var description: String
-    var durationSeconds: Double
+    var durationSeconds: Double?
+    var invalidDuration: String?
     var locationID: String?
     init(_ s: ShiftType) {
         id = s.id.uuidString; symbol = s.symbol; title = s.title; description = s.description
-        durationSeconds = s.duration; locationID = s.locationID?.uuidString
+        locationID = s.locationID?.uuidString
+        if s.hasValidDuration { durationSeconds = s.duration } else { invalidDuration = "\(s.duration)" }
+    }
+
+    enum CodingKeys: String, CodingKey { case id, symbol, title, description, durationSeconds, invalidDuration, locationID }
+
+    func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(id, forKey: .id)
+        try container.encode(symbol, forKey: .symbol)
+        try container.encode(title, forKey: .title)
+        try container.encode(description, forKey: .description)
+        try container.encode(durationSeconds, forKey: .durationSeconds)  // null when invalid
+        try container.encodeIfPresent(invalidDuration, forKey: .invalidDuration)
+        try container.encode(locationID, forKey: .locationID)
     }
 }
 

@@ -77,7 +77,7 @@ struct CoreNode {
             let request = pendingCommits.removeFirst()
             if failNextCommit {
                 failNextCommit = false
-                handle(core.commitFailed(request.id, error: "disk full", now: now, state: state))
+                handle(core.commitFailed(request.id, error: "disk full", refused: false, now: now, state: state))
                 continue
             }
             committedBatches.append(request.deltas)

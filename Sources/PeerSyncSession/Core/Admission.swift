@@ -11,11 +11,15 @@ public struct LocalIdentity: Sendable {
     /// Set while this device has not joined yet: the inviter it trusts (named by the invite code)
     /// and the enrol entry it presents.
     public var pendingJoin: PendingJoin?
+    /// A group upgraded from a shared secret keeps it to reach nodes of the previous version
+    /// (TLS 1.2 with its pre-shared key), which are then told to upgrade.
+    public var legacySecret: GroupSecret?
 
-    public init(key: DeviceKey, groupID: GroupID, pendingJoin: PendingJoin? = nil) {
+    public init(key: DeviceKey, groupID: GroupID, pendingJoin: PendingJoin? = nil, legacySecret: GroupSecret? = nil) {
         self.key = key
         self.groupID = groupID
         self.pendingJoin = pendingJoin
+        self.legacySecret = legacySecret
     }
 }
 
@@ -89,6 +93,11 @@ extension RecordMap {
         var stripped = 0
         var records: [(RecordKey, RecordState)] = []
         for (key, state) in allRecords {
+            // The roster itself is add-only and checked by signature: its records are never dropped.
+            if key.collection == RosterEntry.collection {
+                records.append((key, state))
+                continue
+            }
             var fields = state.fields
             var presence = state.presence
             for (name, register) in state.fields where roster.refusal(of: register.dot) != nil {

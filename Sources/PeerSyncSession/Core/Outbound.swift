@@ -161,7 +161,7 @@ struct CatchUpRound {
 extension RecordMap {
     /// A cheap estimate of this delta's encoded size, for queue accounting.
     var approximateWireBytes: Int {
-        var total = 16 + context.replicas.count * 24
+        var total = 16 + context.replicaCount * 24
         for (_, records) in collections {
             for (_, state) in records {
                 total += 24 + state.presence.count * 12

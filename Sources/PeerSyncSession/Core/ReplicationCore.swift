@@ -64,6 +64,8 @@ struct ReplicationCore {
     private var shuttingDown = false
     /// Full-state repairs the convergence watchdog made.
     private(set) var repairs = 0
+    /// After a refused group commit: parts still to commit one at a time (to find the culprit).
+    private var soloCommits = 0
     /// When ``tick(now:)`` last ran.
     private var lastTick: MonotonicInstant?
     /// When data last moved: a delta or chunk received or sent, a commit, a local change. Digest
@@ -419,6 +421,9 @@ struct ReplicationCore {
     /// Roster entries in a peer's delta must be well formed and authorised; a removed device's
     /// writes beyond its cutoff are dropped (their dots stay known, so nobody offers them again).
     private mutating func admitData(_ delta: RecordMap, from id: SessionID, now: MonotonicInstant) -> DataAdmission {
+        if let violation = delta.limitViolation {
+            return .refused(refuse(id, .malformed, "the delta breaks a limit: \(violation)", now: now))
+        }
         if delta.touchesRoster {
             let validation = roster.validate(delta: delta)
             if let refusal = validation.refused.first {
@@ -506,9 +511,16 @@ struct ReplicationCore {
 
     private mutating func startCommitIfIdle(state: ReplicaState) -> [Action] {
         guard inFlight == nil, !queued.isEmpty else { return [] }
-        let request = CommitRequest(id: nextCommitID, parts: queued)
+        let parts: [ApplyPart]
+        if soloCommits > 0 {
+            soloCommits -= 1
+            parts = [queued.removeFirst()]
+        } else {
+            parts = queued
+            queued = []
+        }
+        let request = CommitRequest(id: nextCommitID, parts: parts)
         nextCommitID += 1
-        queued = []
         inFlight = request
         contextBeforeCommit = state.context
         return [.commit(request)]
@@ -546,9 +558,22 @@ struct ReplicationCore {
 
     /// The in-flight commit failed: nothing of it is stored. Its sessions are closed (their
     /// peers will send it again on the next session).
-    mutating func commitFailed(_ id: UInt64, error: String, now: MonotonicInstant, state: ReplicaState) -> [Action] {
+    ///
+    /// `refused`: the store refused the data (it breaks a bound): the sending peer broke a rule.
+    /// In a group commit of several sessions, each is retried alone so only the culprit is closed.
+    mutating func commitFailed(_ id: UInt64, error: String, refused: Bool, now: MonotonicInstant, state: ReplicaState) -> [Action] {
         guard let request = inFlight, request.id == id else { return [] }
         inFlight = nil
+        if refused {
+            if Set(request.parts.map(\.session)).count > 1 {
+                queued = request.parts + queued
+                soloCommits = request.parts.count
+                return startCommitIfIdle(state: state)
+            }
+            var actions: [Action] = []
+            for session in Set(request.parts.map(\.session)).sorted() { actions += refuse(session, .malformed, "refused: \(error)", now: now) }
+            return actions + startCommitIfIdle(state: state)
+        }
         var actions: [Action] = [.log(CoreLog(.error, "cannot store what peers sent; closing their sessions", ["error": error]))]
         for session in Set(request.parts.map(\.session)).sorted() {
             guard var s = sessions[session], s.phase != .closing else { continue }

@@ -1,0 +1,254 @@
+import Foundation
+import Logging
+import NIOCore
+import NIOPosix
+import PeerSync
+@testable import PeerSyncSession
+import PeerSyncTestSupport
+import PeerSyncWire
+import Testing
+
+/// Devices, not a shared password (issue 12): invites that are single-use and expire, removal
+/// that takes effect everywhere within seconds, and roster entries checked on every node. Real
+/// stores, real TCP on 127.0.0.1, mutual TLS 1.3 with device certificates.
+@Suite("Devices", .serialized)
+struct DevicesTests {
+    /// A replica in a temporary directory, logging into `lines` when given.
+    final class Device: @unchecked Sendable {
+        let directory: String
+        let replica: Replica
+        var port: UInt16 = 0
+        let lines = RecordingLogHandler.Lines()
+
+        init(_ make: (String, Logger) throws -> Replica) throws {
+            directory = try makeTemporaryDirectory("peersync-device")
+            replica = try make(directory, RecordingLogHandler.logger("device", into: lines, level: .info))
+        }
+
+        @discardableResult
+        func sync(_ peers: [Device] = []) async throws -> UInt16 {
+            port = try await replica.startSync(SyncConfiguration(security: .tls, listen: .loopback(0),
+                                                                 peers: peers.map { .loopback($0.port) }))
+            return port
+        }
+
+        func connected(to other: Device) async -> Bool {
+            await replica.peers().contains { $0.info.deviceID == other.replica.deviceID }
+        }
+
+        func names() -> [String] { ((try? replica.fetchAll(Location.self)) ?? []).map(\.name).sorted() }
+
+        func close() async {
+            await replica.stopSync()
+            removeTemporaryDirectory(directory)
+        }
+    }
+
+    func statusText(_ device: Device) async -> String {
+        if case .error(let issue) = await device.replica.currentStatus { return "\(issue)" }
+        return ""
+    }
+
+    @Test("three devices join with three single-use invites and sync; a reused or an expired invite is refused and nothing crosses")
+    func invites() async throws {
+        let admin = try Device { try Replica.create(at: $0, name: "admin", logger: $1) }
+        defer { Task { await admin.close() } }
+        try await admin.replica.save(Location(name: "the admin's"))
+        try await admin.sync()
+        var joiners: [Device] = []
+        var codes: [InviteCode] = []
+        for i in 0..<3 {
+            let code = try await admin.replica.invite(role: .member)
+            codes.append(code)
+            let joiner = try Device { try Replica.join(at: $0, name: "joiner \(i)", invite: code, logger: $1) }
+            try await joiner.replica.save(Location(name: "joiner \(i)'s"))
+            try await joiner.sync([admin])
+            joiners.append(joiner)
+        }
+        let joined = joiners
+        defer { Task { for joiner in joined { await joiner.close() } } }
+        let everyone = ["joiner 0's", "joiner 1's", "joiner 2's", "the admin's"]
+        #expect(await eventually(timeout: .seconds(30)) {
+            admin.replica.roster().activeDevices.count == 4 && ([admin] + joiners).allSatisfy { $0.names() == everyone }
+        })
+        #expect(await eventually {
+            for joiner in joiners where await joiner.replica.pendingJoin != nil { return false }
+            return true
+        })
+
+        // The first code again, on a fourth device: refused, and nothing crosses either way.
+        let fourth = try Device { try Replica.join(at: $0, name: "fourth", invite: codes[0], logger: $1) }
+        defer { Task { await fourth.close() } }
+        try await fourth.replica.save(Location(name: "the fourth's"))
+        try await fourth.sync([admin])
+        #expect(await eventually { await statusText(fourth).contains("already used") })
+        #expect(fourth.names() == ["the fourth's"])
+        #expect(!admin.names().contains("the fourth's"))
+        #expect(admin.replica.roster().devices[fourth.replica.deviceID] == nil)
+        #expect(admin.lines.all.contains { $0.contains("already used") })
+
+        // An invite that expired before it was used: refused.
+        let shortLived = try await admin.replica.invite(expires: .milliseconds(20))
+        let expiry = HybridLogicalClock.wallClock() + 20
+        #expect(await eventually { HybridLogicalClock.wallClock() > expiry })
+        let late = try Device { try Replica.join(at: $0, name: "late", invite: shortLived, logger: $1) }
+        defer { Task { await late.close() } }
+        try await late.sync([admin])
+        #expect(await eventually { await statusText(late).contains("expired") })
+        #expect(late.names().isEmpty)
+    }
+
+    @Test("a removed device: every node that learns of it drops its sessions within 5 s; its edits never land, members' never reach it")
+    func removal() async throws {
+        let group = try LocalGroup.make(names: ["A", "B", "C", "D"])
+        let devices = try (0..<4).map { i in try Device { try Replica.create(at: $0, member: i, of: group, logger: $1) } }
+        defer { Task { for device in devices { await device.close() } } }
+        let (a, b, c, d) = (devices[0], devices[1], devices[2], devices[3])
+        // B, C and D dial A; D also dials C (so C could forward what D writes).
+        try await a.sync()
+        try await c.sync([a])
+        try await b.sync([a])
+        try await d.sync([a, c])
+        #expect(await eventually {
+            let (da, dc, ba) = (await d.connected(to: a), await d.connected(to: c), await b.connected(to: a))
+            return da && dc && ba
+        })
+        try await d.replica.save(Location(name: "D before its removal"))
+        #expect(await eventually { a.names() == ["D before its removal"] && b.names() == a.names() && c.names() == a.names() })
+
+        let started = ContinuousClock.now
+        try await a.replica.removeDevice(d.replica.deviceID)
+        #expect(await eventually(timeout: .seconds(5)) {
+            let (ad, cd) = (await a.connected(to: d), await c.connected(to: d))
+            return !ad && !cd
+        })
+        let dropped = ContinuousClock.now - started
+        print("reliability: removal → every member dropped the removed device's sessions in \(Int(dropped.millisecondsDouble)) ms")
+        #expect(await eventually { await statusText(d).contains("removed") })
+
+        // D writes on; members write on.
+        try await d.replica.save(Location(name: "D after its removal"))
+        try await a.replica.save(Location(name: "A after the removal"))
+        #expect(await eventually { b.names().contains("A after the removal") && c.names().contains("A after the removal") })
+        // D keeps redialing A and C and is refused each time; give it a few rounds.
+        #expect(await eventually { d.lines.all.filter { $0.contains("removed from the group") }.count >= 3 })
+        for member in [a, b, c] {
+            #expect(!member.names().contains("D after its removal"))
+            #expect(member.names().contains("D before its removal"))  // what it wrote before stays
+        }
+        #expect(!d.names().contains("A after the removal"))
+        #expect(a.replica.roster().isRemoved(d.replica.deviceID))
+    }
+
+    @Test("a member offline during the removal learns it from the next member it meets, then refuses the removed device and drops its late writes")
+    func offlineMemberLearnsTheRemoval() async throws {
+        let group = try LocalGroup.make(names: ["A", "B", "D"])
+        let devices = try (0..<3).map { i in try Device { try Replica.create(at: $0, member: i, of: group, logger: $1) } }
+        defer { Task { for device in devices { await device.close() } } }
+        let (a, b, d) = (devices[0], devices[1], devices[2])
+        try await a.sync()
+        try await d.sync([a])
+        #expect(await eventually { await a.connected(to: d) })
+        try await a.replica.removeDevice(d.replica.deviceID)
+        #expect(await eventually { !(await a.connected(to: d)) })
+        // B was offline and never heard: D reaches it, and what D writes now lands on B (the window).
+        await d.replica.stopSync()
+        try await b.sync()
+        try await d.sync([b])
+        #expect(await eventually { await b.connected(to: d) })
+        try await d.replica.save(Location(name: "D, removed, via an unaware member"))
+        #expect(await eventually { b.names() == ["D, removed, via an unaware member"] })
+        // B meets A: it learns of the removal, drops D within seconds, and drops D's late write.
+        await b.replica.addPeer(.loopback(a.port))
+        #expect(await eventually(timeout: .seconds(10)) { b.replica.roster().isRemoved(d.replica.deviceID) })
+        #expect(await eventually(timeout: .seconds(5)) { !(await b.connected(to: d)) })
+        #expect(await eventually { b.names().isEmpty && a.names().isEmpty },
+                "a: \(a.names()) b: \(b.names()) — D writes as \(d.replica.replicaID); B's writers \(b.replica.roster().writers); cutoff \(String(describing: b.replica.roster().devices[d.replica.deviceID]?.removal?.dataCutoff)); dots \(b.replica.state.records.records(in: "locations").values.flatMap { $0.fields.values.map(\.dot) })")
+        #expect(await eventually { a.replica.state.digest == b.replica.state.digest })
+        #expect(!(await b.connected(to: d)))
+    }
+
+    @Test("a member cannot add or remove devices; a forged roster entry in a hand-built frame is refused by every node")
+    func rosterRights() async throws {
+        let admin = try Device { try Replica.create(at: $0, name: "admin", logger: $1) }
+        defer { Task { await admin.close() } }
+        try await admin.sync()
+        var members: [Device] = []
+        for name in ["member", "other member"] {
+            let code = try await admin.replica.invite(role: .member)
+            let member = try Device { try Replica.join(at: $0, name: name, invite: code, logger: $1) }
+            try await member.sync([admin])
+            members.append(member)
+        }
+        let all = members
+        defer { Task { for member in all { await member.close() } } }
+        let (member, other) = (members[0], members[1])
+        #expect(await eventually { admin.replica.roster().activeDevices.count == 3 && member.replica.role == .member && other.replica.role == .member })
+
+        // Locally, with a clear error.
+        await #expect(throws: DeviceAdministrationError.notAdmin(role: "member")) { try await member.replica.removeDevice(admin.replica.deviceID) }
+        await #expect(throws: DeviceAdministrationError.notAdmin(role: "member")) { _ = try await member.replica.invite() }
+
+        // Over the wire: the member signs "add this key as admin" itself, and sends it in a delta.
+        let key = try DeviceKey.load(from: member.directory + "/" + Replica.deviceKeyFile)
+        let roster = member.replica.roster()
+        let evil = DeviceKey.generate()
+        var clock = HybridLogicalClock()
+        let forged = try RosterEntry.make(.add(device: evil.publicKey, name: "evil", role: .admin),
+                                          context: roster.context(for: key.deviceID, at: clock.tick()), signer: key)
+        // And one whose signature is broken (a flipped byte in the signature).
+        var broken = forged.bytes
+        broken[broken.count - 1] ^= 0x01
+        let identity = LocalIdentity(key: key, groupID: member.replica.groupID)
+        for (bytes, recordID) in [(forged.bytes, forged.id.uuid), (broken, UUID())] {
+            for target in [admin, other] {
+                let before = target.replica.state.digest
+                let replica = ReplicaID.random()
+                var map = RecordMap()
+                try map.write(["e": .bytes(bytes)], to: RecordKey(collection: RosterEntry.collection, id: recordID),
+                              at: HLCTimestamp(physicalMilliseconds: HybridLogicalClock.wallClock(), logical: 0), by: replica)
+                let frame = Message.delta(WireDelta.encode(map, with: WireDictionary(startingAt: HybridLogicalClock.wallClock())))
+                try await Self.send([frame.encodedFrame()], to: target.port, as: identity)
+                #expect(await eventually { target.lines.all.contains { $0.contains("roster entr") && $0.contains("closing session") } })
+                #expect(target.replica.state.digest == before)
+                #expect(target.replica.roster().devices[evil.deviceID] == nil)
+            }
+        }
+    }
+
+    /// A member's authenticated session (TLS, hello, auth), then `frames`.
+    static func send(_ frames: [[UInt8]], to port: UInt16, as identity: LocalIdentity) async throws {
+        let tls = try DeviceTLS(key: identity.key) { _ in true }
+        let (channel, _) = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .connectTimeout(.seconds(3))
+            .connect(host: "127.0.0.1", port: Int(port)) { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try SyncNode.configurePipeline(channel, tls: tls, dialed: true, maxFrame: WireLimits.defaultMaxFrameBytes)
+                }
+            }
+        try? await channel.executeThenClose { inbound, outbound in
+            let nonce = (0..<16).map { _ in UInt8.random(in: 0...255) }
+            let me = ReplicaID.random()
+            let hello = Hello(replicaID: me, name: "forger", wallClockMilliseconds: HybridLogicalClock.wallClock(),
+                              context: CausalContext(), digest: .empty, groupID: identity.groupID.bytes,
+                              deviceKey: identity.key.publicKey.x963, nonce: nonce)
+            try await outbound.write(ByteBuffer(bytes: Message.hello(hello).encodedFrame()))
+            var authenticated = false
+            for try await frame in inbound {
+                switch try Message.decode(type: frame.type, body: frame.body) {
+                case .hello(let theirs):
+                    let signature = SessionAuth.sign(key: identity.key, ownNonce: nonce, peerNonce: theirs.nonce ?? [], own: me,
+                                                     group: identity.groupID)
+                    try await outbound.write(ByteBuffer(bytes: Message.auth(signature: signature).encodedFrame()))
+                case .auth where !authenticated:
+                    authenticated = true
+                    for frame in frames { try await outbound.write(ByteBuffer(bytes: frame)) }
+                case .error, .goodbye:
+                    return
+                default:
+                    continue
+                }
+            }
+        }
+    }
+}
