@@ -7,17 +7,26 @@ enum Chart {
         var name: String
         var color: String
         var points: [(x: Double, y: Double)]
+
+        /// The same series as an older build's: greyer, named so.
+        var asBefore: Series {
+            Series(name: name + " (before)", color: Chart.before[color] ?? "#999999", points: points)
+        }
     }
 
-    /// The SVG document for `results` (panels without data are left out).
-    static func svg(_ results: [Result]) -> String {
+    /// Lighter shades for the "before" series.
+    static let before = ["#1f77b4": "#9ecae1", "#d62728": "#fcae91", "#2ca02c": "#a1d99b"]
+
+    /// The SVG document for `results` (panels without data are left out); `before`, results of
+    /// an older build from the same run, is drawn in grey beside them.
+    static func svg(_ results: [Result], before: [Result] = []) -> String {
         var panels: [String] = []
-        let convergence = convergenceSeries(results)
+        let convergence = convergenceSeries(results) + convergenceSeries(before).map(\.asBefore)
         if !convergence.isEmpty {
             panels.append(panel(title: "Time to converge vs peers", xLabel: "peers", yLabel: "ms until all digests equal",
-                                series: convergence, logX: true, logY: false))
+                                series: convergence, logX: true, logY: true))
         }
-        let bytes = bytesSeries(results)
+        let bytes = bytesSeries(results) + bytesSeries(before).map(\.asBefore)
         if !bytes.isEmpty {
             panels.append(panel(title: "Bytes on the wire vs operations (w2-stream)", xLabel: "single-field updates",
                                 yLabel: "bytes (both directions, TLS incl.)", series: bytes, logX: true, logY: true))

@@ -1,5 +1,7 @@
 import Foundation
 import PeerSync
+import PeerSyncWire
+import Synchronization
 
 // Convergence benchmarks (issue "Convergence benchmarks"): replicas in one process over
 // loopback TCP + TLS, each workload run once with `.deltas` (catch-up of what a peer lacks, then
@@ -54,7 +56,11 @@ enum ConvergenceBenchmarks {
             let records = quick ? 200 : 10_000
             var metrics: [String: Double] = [:]
             var details: [String] = []
-            for transfer in transfers {
+            // Deltas twice: on the machine as it is, and with another process loading it (a busy
+            // loop, i.e. one of the 2 cores taken).
+            for (transfer, loaded) in [(TransferMode.deltas, false), (.deltas, true), (.fullState, false)] {
+                let burner = loaded ? try CPUBurner() : nil
+                defer { burner?.stop() }
                 // Full-state sync ships all `records` per update: a few updates show its cost.
                 let updates = transfer == .deltas ? (quick ? 200 : 10_000) : (quick ? 10 : 50)
                 let secret = BenchGroup()
@@ -122,7 +128,7 @@ enum ConvergenceBenchmarks {
                 var sink = base
                 let applyMs = milliseconds(ContinuousClock().measure { for delta in deltas { sink.apply(delta) } })
                 let samples = tracker.samples
-                let p = transfer.label
+                let p = transfer.label + (loaded ? "_loaded" : "")
                 metrics["\(p)_updates"] = Double(updates)
                 metrics["\(p)_converge_ms"] = elapsed
                 metrics["\(p)_p50_ms"] = percentile(samples, 0.5)
@@ -131,7 +137,7 @@ enum ConvergenceBenchmarks {
                 metrics["\(p)_messages_per_op"] = Double(after.messages - before.messages) / Double(updates)
                 metrics["\(p)_apply_in_memory_ms"] = applyMs
                 for point in curve.dropFirst() { metrics["\(p)_curve_bytes_at_\(point.ops)"] = Double(point.bytes) }
-                details.append("\(transfer.label): \(updates) updates")
+                details.append("\(p): \(updates) updates")
             }
             return Result(name: "w2-stream",
                           detail: "A streams single-field updates (one commit each) on a \(records)-record collection to B (\(details.joined(separator: ", "))); latency = A commit → visible on B",
@@ -178,15 +184,35 @@ enum ConvergenceBenchmarks {
                         _ = try peer.store.write { $0.write(workloadRecord(records + i, &rng), to: workloadKey()) }
                     }
                 }
-                // The same merge in memory only: each replica joins what the others have that it lacks.
+                // The same merge in memory only: each replica joins what the others have that it lacks
+                // (median of 5 after a warm-up, into fresh copies — as Benchmarks/compare does).
                 let states = peers.map(\.store.state)
-                let mergeMs = milliseconds(ContinuousClock().measure {
-                    var merged = states
-                    for i in merged.indices {
-                        for j in states.indices where j != i { merged[i].apply(states[j].delta(missingFrom: merged[i].context)) }
+                var mergeSamples: [Double] = []
+                var extractSamples: [Double] = []
+                for round in 0...(quick ? 1 : 5) {
+                    var merged = states.map { s in
+                        ReplicaState(replicaID: s.replicaID, name: s.name, records: RecordMap(records: s.records.allRecords, context: s.context),
+                                     localSettings: [:], conflicts: ConflictLog())
                     }
+                    var extracting = Duration.zero
+                    let start = ContinuousClock.now
+                    for i in merged.indices {
+                        for j in states.indices where j != i {
+                            let t = ContinuousClock.now
+                            let delta = states[j].delta(missingFrom: merged[i].context)
+                            extracting += ContinuousClock.now - t
+                            merged[i].apply(delta)
+                        }
+                    }
+                    let elapsed = ContinuousClock.now - start
                     precondition(merged[0].digest == merged[1].digest && merged[1].digest == merged[2].digest)
-                })
+                    if round > 0 {
+                        mergeSamples.append(milliseconds(elapsed))
+                        extractSamples.append(milliseconds(extracting))
+                    }
+                }
+                let mergeMs = mergeSamples.sorted()[mergeSamples.count / 2]
+                let extractMs = extractSamples.sorted()[extractSamples.count / 2]
                 // Heal: new sessions on the same stores.
                 var healed: [PeerUnderTest] = []
                 for p in peers { healed.append(try await p.restarted(secret: secret)) }
@@ -205,6 +231,7 @@ enum ConvergenceBenchmarks {
                 metrics["\(p)_bytes_per_op"] = Double(traffic.bytes) / Double(ops)
                 metrics["\(p)_messages"] = Double(traffic.messages)
                 metrics["merge_in_memory_ms"] = mergeMs
+                metrics["merge_in_memory_extract_ms"] = extractMs
             }
             return Result(name: "w3-partition",
                           detail: "3 replicas of \(records) records, partitioned; each makes \(updates) updates, \(deletes) deletes, \(inserts) inserts (one commit each); heal → all digests equal (3 TLS sessions, incl. handshakes)",
@@ -235,8 +262,9 @@ enum ConvergenceBenchmarks {
             precondition(reopened.state.records.recordCount == records)
             withExtendedLifetime((state, store, reopened)) {}
             return Result(name: "w4-memory",
-                          detail: "VmRSS growth per record: \(records) 6-field records written into a ReplicaState; and a store of them opened (state loaded from SQLite)",
+                          detail: "VmRSS growth per record: \(records) 6-field records written into a ReplicaState (dot index included); and a store of them opened (state loaded from SQLite)",
                           metrics: ["bytes_per_record": (after - before) / Double(records),
+                                    "dot_index_entries": Double(state.records.dotIndexEntryCount),
                                     "store_open_bytes_per_record": (afterOpen - beforeOpen) / Double(records)])
         }
     }
@@ -250,14 +278,14 @@ enum ConvergenceBenchmarks {
             var metrics: [String: Double] = [:]
             for transfer in transfers {
                 // Full state to every peer on every edit grows as peers² × edits: stop at 8 peers.
-                let sizes = quick ? [2, 4] : (transfer == .deltas ? [2, 4, 8, 16, 32] : [2, 4, 8])
+                let sizes = quick ? [2, 4] : (transfer == .deltas ? meshSizes : [2, 4, 8])
                 for n in sizes {
                     let secret = BenchGroup()
                     var peers: [PeerUnderTest] = []
                     for i in 0..<n { peers.append(try await PeerUnderTest.start("p\(i)", secret: secret, transfer: transfer)) }
                     try fill(peers[0].store, records: records, seed: 51)
                     for peer in peers.dropFirst() { try seedEqual(peer.store, from: peers[0].store) }
-                    guard await connectMesh(peers, timeout: .seconds(quick ? 20 : 60)) else {
+                    guard await connectMesh(peers, timeout: .seconds(quick ? 20 : 180)) else {
                         for p in peers { await p.stop() }
                         throw BenchmarkFailure("mesh (\(transfer.label), \(n) peers): sessions did not all establish")
                     }
@@ -283,6 +311,8 @@ enum ConvergenceBenchmarks {
                     }
                     let before = await totalTraffic(peers)
                     let start = ContinuousClock.now
+                    let lastEdit = Mutex(start)
+                    let framed = Mutex<[Int]>([])
                     try await withThrowingTaskGroup(of: Void.self) { group in
                         for (i, peer) in peers.enumerated() {
                             group.addTask {
@@ -292,9 +322,11 @@ enum ConvergenceBenchmarks {
                                     let fields = workloadRecord(records + i * edits + e, &rng)
                                     if let delta = try peer.store.write({ $0.write(fields, to: key) }) {
                                         let now = ContinuousClock.now
+                                        lastEdit.withLock { $0 = max($0, now) }
                                         for (j, tracker) in trackers.enumerated() where j != i {
                                             tracker.committed(key, version: 0, at: now)
                                         }
+                                        framed.withLock { $0.append(framedDeltaBytes(delta)) }
                                         await peer.node.broadcast(delta)
                                     }
                                     await Task.yield()
@@ -304,7 +336,9 @@ enum ConvergenceBenchmarks {
                         try await group.waitForAll()
                     }
                     let converged = await waitUntil(.seconds(quick ? 20 : 120)) { allEqual(peers) }
-                    let elapsed = milliseconds(ContinuousClock.now - start)
+                    let end = ContinuousClock.now
+                    let elapsed = milliseconds(end - start)
+                    let afterLastEdit = milliseconds(end - lastEdit.withLock { $0 })
                     _ = await waitUntil(.seconds(5)) { trackers.allSatisfy { $0.pendingKeys.isEmpty } }
                     let after = await totalTraffic(peers)
                     for w in watchers { w.cancel() }
@@ -314,7 +348,13 @@ enum ConvergenceBenchmarks {
                     let ops = n * edits
                     let p = "\(transfer.label)_\(n)p"
                     metrics["\(p)_converge_ms"] = elapsed
+                    metrics["\(p)_after_last_edit_ms"] = afterLastEdit
+                    let sizes = framed.withLock { $0 }
+                    let framedBytes = Double(sizes.reduce(0, +)) / Double(max(1, sizes.count))
+                    metrics["\(p)_framed_delta_bytes"] = framedBytes
                     metrics["\(p)_bytes_per_op"] = Double(after.bytes - before.bytes) / Double(ops)
+                    // Target: ≤ 3 × (peers × framed delta) per edit.
+                    metrics["\(p)_bytes_per_op_over_peers_x_framed"] = Double(after.bytes - before.bytes) / Double(ops) / (Double(n) * framedBytes)
                     metrics["\(p)_messages"] = Double(after.messages - before.messages)
                     if !samples.isEmpty {
                         metrics["\(p)_p50_ms"] = percentile(samples, 0.5)
@@ -327,6 +367,32 @@ enum ConvergenceBenchmarks {
                           metrics: metrics)
         }
     }
+}
+
+/// Another process that keeps one core busy (`sh -c 'while :; do :; done'`) until stopped.
+final class CPUBurner {
+    private let process = Process()
+
+    init() throws {
+        process.executableURL = URL(fileURLWithPath: "/bin/sh")
+        process.arguments = ["-c", "while :; do :; done"]
+        try process.run()
+    }
+
+    func stop() { stopProcess(process) }
+}
+
+/// Peer counts of the mesh benchmark (`PEERSYNC_MESH_SIZES=2,4,8` to pick others).
+let meshSizes: [Int] = ProcessInfo.processInfo.environment["PEERSYNC_MESH_SIZES"].map {
+    $0.split(separator: ",").compactMap { Int($0) }
+} ?? [2, 4, 8, 16, 32, 64]
+
+/// The size of `delta` as a delta frame in a session whose dictionary already knows its names
+/// and writer (what every edit after a session's first costs): length, type and body.
+func framedDeltaBytes(_ delta: RecordMap) -> Int {
+    let dictionary = WireDictionary(startingAt: HybridLogicalClock.wallClock())
+    _ = WireDelta.encode(delta, with: dictionary)  // defines the names and the writer
+    return Message.delta(WireDelta.encode(delta, with: dictionary)).encodedFrame().count
 }
 
 /// Waits until every node of `peers` has a session to every other (they were dialed already).

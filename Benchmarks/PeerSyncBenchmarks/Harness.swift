@@ -17,6 +17,7 @@ struct Benchmark: Sendable {
         SyncBenchmarks.latency, SyncBenchmarks.initialSync,
         ConvergenceBenchmarks.w1FullState, ConvergenceBenchmarks.w2Stream, ConvergenceBenchmarks.w3Partition,
         ConvergenceBenchmarks.w4Memory, ConvergenceBenchmarks.mesh, MultiprocessBenchmark.multiprocess,
+        HandshakeBenchmark.handshake,
         AppBenchmarks.liveQuery, AppBenchmarks.attachmentAdd, AttachmentTransferBenchmark.transfer,
         HostileInputBenchmarks.hostileInput,
     ]

@@ -11,6 +11,7 @@ struct Options {
     var quick = false
     var jsonPath: String?
     var svgPath: String?
+    var beforePath: String?
     var names: [String] = []
 
     init(_ arguments: [String]) throws {
@@ -24,6 +25,9 @@ struct Options {
             case "--svg":
                 guard let path = rest.popFirst() else { throw UsageError("--svg needs a file path") }
                 svgPath = path
+            case "--before":
+                guard let path = rest.popFirst() else { throw UsageError("--before needs the JSON file of an older build's run") }
+                beforePath = path
             case "-h", "--help": throw UsageError(nil)
             default:
                 guard Benchmark.all.contains(where: { $0.name == argument }) else {
@@ -61,14 +65,15 @@ do {
         try encoder.encode(results).write(to: URL(fileURLWithPath: path))
     }
     if let path = options.svgPath {
-        try Data(Chart.svg(results).utf8).write(to: URL(fileURLWithPath: path))
+        let before = try options.beforePath.map { try JSONDecoder().decode([Result].self, from: Data(contentsOf: URL(fileURLWithPath: $0))) } ?? []
+        try Data(Chart.svg(results, before: before).utf8).write(to: URL(fileURLWithPath: path))
     }
 } catch let error as UsageError {
     if let message = error.message {
         FileHandle.standardError.write(Data("PeerSyncBenchmarks: \(message)\n".utf8))
         exit(2)
     }
-    print("usage: PeerSyncBenchmarks [--quick] [--json FILE] [--svg FILE] [\(Benchmark.all.map(\.name).joined(separator: "|"))]...")
+    print("usage: PeerSyncBenchmarks [--quick] [--json FILE] [--svg FILE [--before OLD.json]] [\(Benchmark.all.map(\.name).joined(separator: "|"))]...")
 } catch {
     FileHandle.standardError.write(Data("PeerSyncBenchmarks: \(error)\n".utf8))
     exit(1)

@@ -20,6 +20,9 @@ public struct RecordMap: Sendable {
     /// The incrementally maintained digest, or nil for deltas and extracts that are built to be
     /// shipped (their digest is computed only if someone asks).
     private var maintainedDigest: StateDigest?
+    /// Which records hold which dots (RecordMap+DotIndex.swift), kept with the digest: replica
+    /// states have one, deltas built to be shipped do not.
+    var dotIndex: DotIndex?
 
     /// Digest of the canonical state: fields, presence entries and context.
     ///
@@ -32,6 +35,7 @@ public struct RecordMap: Sendable {
         collections = [:]
         context = CausalContext()
         maintainedDigest = .empty
+        dotIndex = DotIndex()
     }
 
     /// A state from parts (the store loads replicas this way; the wire decodes deltas this way).
@@ -50,6 +54,7 @@ public struct RecordMap: Sendable {
         }
         if maintainingDigest {
             for replica in context.replicas { maintainedDigest!.add(Self.contextHash(context, replica)) }
+            dotIndex = DotIndex.build(collections)
         }
     }
 
@@ -141,6 +146,7 @@ public struct RecordMap: Sendable {
     static func withoutDigest() -> RecordMap {
         var map = RecordMap()
         map.maintainedDigest = nil
+        map.dotIndex = nil
         return map
     }
 
@@ -178,6 +184,7 @@ public struct RecordMap: Sendable {
             }
         }
         mergeContext(delta.context)
+        if dotIndex?.needsRebuild == true { dotIndex = DotIndex.build(collections) }
         return outcome
     }
 
@@ -188,6 +195,9 @@ public struct RecordMap: Sendable {
         var recordChanged = false
         var visibilityBefore = false
         var visibilityAfter = false
+        var index = dotIndex
+        dotIndex = nil  // uniquely referenced while it changes
+        defer { dotIndex = index }
         withRecord(key) { current in
             visibilityBefore = current.isVisible
             for (name, theirs) in incoming.fields {
@@ -199,6 +209,7 @@ public struct RecordMap: Sendable {
                             digest.add(Self.hash(key, name, theirs))
                         }
                         current.fields[name] = theirs
+                        index?.add(theirs.dot, key)
                         outcome.changedFieldCount += 1
                         recordChanged = true
                         if theirs.supersedes < ours.timestamp, theirs.value != ours.value {
@@ -210,6 +221,7 @@ public struct RecordMap: Sendable {
                 } else {
                     if maintaining { digest.add(Self.hash(key, name, theirs)) }
                     current.fields[name] = theirs
+                    index?.add(theirs.dot, key)
                     outcome.changedFieldCount += 1
                     recordChanged = true
                 }
@@ -224,6 +236,8 @@ public struct RecordMap: Sendable {
                         digest.add(Self.hash(key, replica, joined))
                     }
                     current.presence[replica] = joined
+                    index?.add(Dot(replica: replica, counter: joined.counter), key)
+                    if let remover = joined.removedBy { index?.add(remover, key) }
                     outcome.changedPresenceCount += 1
                 }
             }
@@ -265,26 +279,13 @@ public struct RecordMap: Sendable {
     /// Removals travel as killed presence entries, so the context can be sent whole (it is a
     /// version vector, O(replicas)). For an empty `peer` this is the full state.
     ///
-    /// - Complexity: O(records held); the result is O(what the peer lacks + replicas).
+    /// - Complexity: O(events the peer lacks + replicas) with the dot index replica states keep
+    ///   (``deltaByFullWalk(missingFrom:)``, O(records held), without one); the result is
+    ///   O(what the peer lacks + replicas).
     public func delta(missingFrom peer: CausalContext) -> RecordMap {
         if peer.isEmpty { return self }  // a new peer lacks everything: share the state, copy nothing
-        var result = RecordMap.withoutDigest()
-        for (collection, records) in collections {
-            for (id, state) in records {
-                var missing = RecordState()
-                for (name, register) in state.fields where !peer.contains(register.dot) {
-                    missing.fields[name] = register
-                }
-                for (replica, entry) in state.presence {
-                    let addSeen = peer.contains(Dot(replica: replica, counter: entry.counter))
-                    let removalSeen = entry.removedBy.map(peer.contains) ?? true
-                    if !addSeen || !removalSeen { missing.presence[replica] = entry }
-                }
-                if !missing.isEmpty { result.insert(RecordKey(collection: collection, id: id), missing) }
-            }
-        }
-        result.setContext(context)
-        return result
+        if let dotIndex, !dotIndex.overflowed { return indexedDelta(missingFrom: peer, index: dotIndex) }
+        return deltaByFullWalk(missingFrom: peer)
     }
 
     /// Whether this state holds nothing (no records and an empty context).
@@ -296,6 +297,7 @@ public struct RecordMap: Sendable {
     mutating func insert(_ key: RecordKey, _ state: RecordState) {
         precondition(record(key) == nil)
         collections[key.collection, default: [:]][key.id] = state
+        dotIndex?.addAll(of: state, key)
         guard maintainedDigest != nil else { return }
         for (name, register) in state.fields { maintainedDigest!.add(Self.hash(key, name, register)) }
         for (replica, entry) in state.presence { maintainedDigest!.add(Self.hash(key, replica, entry)) }

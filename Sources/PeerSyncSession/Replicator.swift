@@ -158,7 +158,7 @@ public actor Replicator {
 
     /// Ships a committed local delta to every connected peer.
     public func broadcast(_ delta: RecordMap) {
-        perform(core.broadcast(delta, state: storage.snapshot()))
+        perform(core.broadcast(delta, state: storage.snapshot(), now: .now))
         if delta.touchesRoster { refreshRoster() }
     }
 
@@ -303,7 +303,7 @@ public actor Replicator {
                 state.contains(entry.recordKey) ? nil : state.write(entry.fields, to: entry.recordKey)
             }
             if let delta {
-                perform(core.broadcast(delta, state: storage.snapshot()))
+                perform(core.broadcast(delta, state: storage.snapshot(), now: .now))
                 emit(.localChange(delta))
             }
             let state = storage.snapshot()
@@ -330,7 +330,7 @@ public actor Replicator {
         switch result {
         case .success(let outcomes):
             let touchedRoster = outcomes.contains { $0.changedRecords.contains { $0.collection == RosterEntry.collection } }
-            perform(core.committed(id, outcomes: outcomes, state: storage.snapshot()))
+            perform(core.committed(id, outcomes: outcomes, state: storage.snapshot(), now: .now))
             if touchedRoster { refreshRoster() }
         case .failure(let error as SyncStorageRefusal):
             perform(core.commitFailed(id, error: error.detail, refused: true, now: .now, state: storage.snapshot()))

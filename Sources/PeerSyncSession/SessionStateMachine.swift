@@ -18,7 +18,7 @@ struct SessionStateMachine {
         case established(Hello)
         case applyChunk(RecordMap, index: UInt64, count: UInt64, records: UInt64)
         case applyDelta(RecordMap)
-        case acked(CausalContext, neighbors: [ReplicaID]?)
+        case acked(CausalContext, neighbors: [ReplicaID]?, incremental: Bool)
         case digest(StateDigest, records: UInt64)
         case breakdown(StateDigest, DigestBreakdown)
         case auth(signature: [UInt8])
@@ -73,8 +73,8 @@ struct SessionStateMachine {
                 ?? close(.malformed, lastError, notify: true)
         case (.established, .delta(let bytes)):
             return decodeDelta(bytes, now: now).map { [.applyDelta($0)] } ?? close(.malformed, lastError, notify: true)
-        case (.established, .ack(let context, let neighbors)):
-            return [.acked(context, neighbors: neighbors)]
+        case (.established, .ack(let context, let neighbors, let incremental)):
+            return [.acked(context, neighbors: neighbors, incremental: incremental)]
         case (.established, .digest(let digest, let records)):
             return [.digest(digest, records: records)]
         case (.established, .breakdown(let digest, let parts)):

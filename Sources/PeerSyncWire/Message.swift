@@ -102,8 +102,9 @@ public enum Message: Sendable, Equatable {
     case delta([UInt8])
     /// The receiver's context after applying what it got, and (if known) the replicas it has an
     /// established session with — a peer then does not forward it deltas those replicas send it
-    /// directly.
-    case ack(CausalContext, neighbors: [ReplicaID]?)
+    /// directly. `incremental`: the context holds only the entries (replicas) that changed since
+    /// the sender's previous ack in this session; join it into what that ack said.
+    case ack(CausalContext, neighbors: [ReplicaID]?, incremental: Bool = false)
     case digest(StateDigest, records: UInt64)
     case ping(UInt64)
     case pong(UInt64)
@@ -169,9 +170,10 @@ public enum Message: Sendable, Equatable {
             w.bytes(4, delta)
         case .delta(let delta):
             return delta  // the body is the delta itself: the smallest frame for the most frequent message
-        case .ack(let context, let neighbors):
+        case .ack(let context, let neighbors, let incremental):
             w.bytes(1, context.encodedBlob())
             if let neighbors { w.bytes(2, neighbors.flatMap(\.bigEndianBytes)) }
+            if incremental { w.varint(3, 1) }
         case .digest(let digest, let records):
             w.bytes(1, replicaBytes(ReplicaID(high: digest.high, low: digest.low)))
             w.varint(2, records)
@@ -250,12 +252,13 @@ public enum Message: Sendable, Equatable {
             do { context = try CausalContext(blob: try f.bytes(1, "context")) } catch let error as WireError { throw error } catch {
                 throw .malformed(message: "ack", detail: "context: \(error)")
             }
-            guard let raw = f.blobs[2] else { return .ack(context, neighbors: nil) }
+            let incremental = (f.varints[3] ?? 0) != 0
+            guard let raw = f.blobs[2] else { return .ack(context, neighbors: nil, incremental: incremental) }
             guard raw.count % 16 == 0, raw.count <= 16 * 4_096 else {
                 throw .malformed(message: "ack", detail: "neighbors must be 16-byte IDs, at most 4,096")
             }
             let neighbors = stride(from: 0, to: raw.count, by: 16).map { ReplicaID(bigEndianBytes: raw[$0..<($0 + 16)])! }
-            return .ack(context, neighbors: neighbors)
+            return .ack(context, neighbors: neighbors, incremental: incremental)
         case .digest:
             let d = try replica(f.bytes(1, "digest"), "digest")
             return .digest(StateDigest(high: d.high, low: d.low), records: f.varints[2] ?? 0)

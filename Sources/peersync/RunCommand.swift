@@ -22,6 +22,8 @@ struct Run: AsyncParsableCommand {
     @Option(help: "Refuse peers whose clock differs by more than this many seconds.") var maxClockSkew: Int = 300
     @Option(help: "trace, debug, info, notice, warning, error or critical.") var logLevel: String = "info"
     @OptionGroup(title: "Limits (docs/SECURITY.md)") var limits: LimitOptions
+    @Flag(help: "Also read edit commands from standard input and report peers' changes on standard output (for scripts and benchmarks; docs/CLI.md).")
+    var commands = false
 
     func run() async throws {
         guard let level = Logger.Level(rawValue: logLevel) else { throw CLIError("unknown log level \"\(logLevel)\"") }
@@ -38,7 +40,7 @@ struct Run: AsyncParsableCommand {
         let service = NodeService(
             replica: replica, statusFile: (options.directory as NSString).appendingPathComponent("node.json"),
             configuration: configuration(security: security, listen: listenAddress, peers: peerAddresses),
-            insecure: insecure, logger: logger)
+            insecure: insecure, commands: commands, logger: logger)
         let group = ServiceGroup(services: [service], gracefulShutdownSignals: [.sigterm, .sigint], cancellationSignals: [], logger: logger)
         try await group.run()
     }
@@ -174,6 +176,7 @@ struct NodeService: Service {
     let statusFile: String
     let configuration: SyncConfiguration
     let insecure: Bool
+    var commands = false
     let logger: Logger
 
     func run() async throws {
@@ -185,6 +188,8 @@ struct NodeService: Service {
         let started = Date()
         let progress = Task { await showProgress() }
         defer { progress.cancel() }
+        let input = commands ? Task { await CommandInput.run(replica) } : nil
+        defer { input?.cancel() }
         await cancelWhenGracefulShutdown {
             while !Task.isCancelled {
                 await writeStatus(port: port, started: started)

@@ -17,6 +17,8 @@ struct CoreNode {
     var failNextCommit = false
     /// Attachment file work the core asked for (tests answer it themselves).
     var attachmentIO: [AttachmentIO] = []
+    /// The latest instant this node was driven at (opening sessions, commits).
+    var lastNow: MonotonicInstant?
 
     /// Devices "a"…"f" of one group (device "a" created it; all are admins).
     static let group = try! LocalGroup.make(names: ["a", "b", "c", "d", "e", "f"])
@@ -55,7 +57,7 @@ struct CoreNode {
             case .log(let line): logs.append(line)
             case .admitJoiner(let id, let entry):
                 let delta = state.write(entry.fields, to: entry.recordKey)
-                handle(core.broadcast(delta, state: state))
+                handle(core.broadcast(delta, state: state, now: lastNow ?? ContinuousClock.now))
                 handle(core.joinerAdmitted(id, roster: state.roster(of: core.settings.identity.groupID), now: ContinuousClock.now,
                                            state: state))
             case .attachmentIO(let io):
@@ -65,6 +67,7 @@ struct CoreNode {
     }
 
     mutating func open(initiator: Bool, address: String, now: MonotonicInstant) -> SessionID {
+        lastNow = now
         let (id, actions) = core.open(SessionOrigin(address: address, initiator: initiator), now: now,
                                       wallClock: HybridLogicalClock.wallClock(), state: state,
                                       nonce: (0..<16).map { _ in UInt8.random(in: 0...255) })
@@ -74,6 +77,7 @@ struct CoreNode {
 
     /// Carries out every pending commit (group commits as the core issued them).
     mutating func runCommits(now: MonotonicInstant) {
+        lastNow = now
         while !pendingCommits.isEmpty {
             let request = pendingCommits.removeFirst()
             if failNextCommit {
@@ -83,14 +87,14 @@ struct CoreNode {
             }
             committedBatches.append(request.deltas)
             let outcomes = request.deltas.map { state.apply($0) }
-            handle(core.committed(request.id, outcomes: outcomes, state: state))
+            handle(core.committed(request.id, outcomes: outcomes, state: state, now: now))
         }
     }
 
     /// A local edit, committed and broadcast.
     mutating func write(_ body: (inout ReplicaState) throws -> RecordMap?) rethrows {
         guard let delta = try body(&state) else { return }
-        handle(core.broadcast(delta, state: state))
+        handle(core.broadcast(delta, state: state, now: lastNow ?? ContinuousClock.now))
     }
 
     var warnings: [CoreLog] { logs.filter { $0.level == .warning || $0.level == .error } }

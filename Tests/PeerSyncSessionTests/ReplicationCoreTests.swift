@@ -297,6 +297,90 @@ struct ReplicationCoreTests {
         #expect(b.events.contains { if case .converged = $0 { true } else { false } })
     }
 
+    @Test("digest rounds are the node's: one digest per session once the node is quiet, acks only after a differing digest")
+    func digestRoundsPerNode() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        var c = CoreNode("c")
+        var ab = CoreLink.connect(&a, &b, now: t0)
+        var ac = CoreLink.connect(&a, &c, now: t0)
+        try ab.settle(&a, &b, now: t0)
+        try ac.settle(&a, &c, now: t0)
+        for ms in [300, 600] {
+            let now = t0 + .milliseconds(ms)
+            for node in [0, 1, 2] {
+                switch node {
+                case 0: a.handle(a.core.tick(now: now))
+                case 1: b.handle(b.core.tick(now: now))
+                default: c.handle(c.core.tick(now: now))
+                }
+            }
+            try ab.settle(&a, &b, now: now)
+            try ac.settle(&a, &c, now: now)
+        }
+        // After the catch-up's acks, the first quiet round: equal digests, so no ack follows and
+        // the second round sends nothing.
+        func countAfterCatchUp(_ frames: [WireFrame], _ kind: Message.Kind) -> Int {
+            let messages = frames.messages()
+            let start = messages.lastIndex { if case .chunk = $0 { true } else { false } } ?? 0
+            return messages[start...].filter { $0.kind == kind }.count
+        }
+        #expect(countAfterCatchUp(ab.framesToB, .digest) == 1)
+        #expect(countAfterCatchUp(ac.framesToB, .digest) == 1)
+        #expect(countAfterCatchUp(ab.framesToA, .digest) == 1)
+        #expect(a.events.filter { if case .converged = $0 { true } else { false } }.count == 2)
+        // A change on a busy node: b's edit reaches a and, forwarded, c; a's round waits until it
+        // is quiet, and each of a's sessions then sends one digest.
+        try b.write { try $0.save(Location(name: "from b")) }
+        let busy = t0 + .milliseconds(650)
+        try ab.settle(&a, &b, now: busy)
+        try ac.settle(&a, &c, now: busy)
+        let digestsBefore = ac.framesToB.messages().filter { $0.kind == .digest }.count
+        a.handle(a.core.tick(now: busy + .milliseconds(100)))  // 100 ms after: not quiet yet
+        try ac.settle(&a, &c, now: busy + .milliseconds(100))
+        #expect(ac.framesToB.messages().filter { $0.kind == .digest }.count == digestsBefore)
+        a.handle(a.core.tick(now: busy + .milliseconds(300)))
+        try ac.settle(&a, &c, now: busy + .milliseconds(300))
+        #expect(ac.framesToB.messages().filter { $0.kind == .digest }.count == digestsBefore + 1)
+        #expect(c.state.digest == b.state.digest)
+    }
+
+    @Test("an ack after the first carries only the context entries that changed, and joins into the first")
+    func incrementalAcks() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        // Many writers known to a; then one more write by a single writer.
+        for i in 0..<20 {
+            let writer = ReplicaID(high: 77, low: UInt64(i))
+            let dot = Dot(replica: writer, counter: 1)
+            a.state.apply(RecordMap(records: [(RecordKey, RecordState)](), context: CausalContext(dots: [dot]), maintainingDigest: false))
+        }
+        a.handle(a.core.receive(link.aSession, type: Message.Kind.digest.rawValue,
+                                body: Message.digest(StateDigest(high: 1, low: 1), records: 0).body(),
+                                now: t0, wallClock: HybridLogicalClock.wallClock(), state: a.state))
+        let later = t0 + .milliseconds(300)
+        a.handle(a.core.tick(now: later))
+        try link.settle(&a, &b, now: later)
+        try a.write { try $0.save(Location(name: "one more")) }
+        try link.settle(&a, &b, now: later)
+        a.handle(a.core.receive(link.aSession, type: Message.Kind.digest.rawValue,
+                                body: Message.digest(StateDigest(high: 2, low: 2), records: 0).body(),
+                                now: later, wallClock: HybridLogicalClock.wallClock(), state: a.state))
+        let evenLater = later + .milliseconds(300)
+        a.handle(a.core.tick(now: evenLater))
+        try link.settle(&a, &b, now: evenLater)
+        let acks = link.framesToB.messages().compactMap { message -> (CausalContext, Bool)? in
+            if case .ack(let context, _, let incremental) = message { return (context, incremental) }
+            return nil
+        }
+        let last = try #require(acks.last)
+        #expect(last.1, "an ack after the first is incremental")
+        #expect(last.0.replicas == [a.replicaID], "only the writer whose entry changed")
+        #expect(b.core.session(link.bSession)?.lastAckContext == a.state.context)
+    }
+
     @Test("a session that fails its TLS handshake is logged with its cause")
     func refusedSessionIsLogged() throws {
         var a = CoreNode("a")
@@ -346,10 +430,14 @@ struct DivergenceTests {
         a.state.apply(write("only on a", at: keyA))
         b.state.apply(write("only on b", at: keyB))
         #expect(a.state.context == b.state.context && a.state.digest != b.state.digest)
-        let later = t0 + .milliseconds(300)
-        a.handle(a.core.tick(now: later))
-        b.handle(b.core.tick(now: later))
-        try link.settle(&a, &b, now: later)
+        // First quiet round: digests only, and they differ; the next round carries acks, which
+        // show equal contexts, so the digests that follow them trigger the repair.
+        for ms in [300, 600] {
+            let later = t0 + .milliseconds(ms)
+            a.handle(a.core.tick(now: later))
+            b.handle(b.core.tick(now: later))
+            try link.settle(&a, &b, now: later)
+        }
         #expect(a.events.contains { if case .divergenceRepaired = $0 { true } else { false } })
         #expect(a.state.digest == b.state.digest)
         #expect(a.state.contains(keyB) && b.state.contains(keyA))
@@ -375,7 +463,7 @@ struct DivergenceTests {
         let delta = RecordMap(records: [(key, RecordState(fields: ["name": register], presence: [b.replicaID: PresenceEntry(counter: 9_000, removedBy: nil)]))],
                               context: CausalContext(dots: [forged]), maintainingDigest: false)
         a.state.apply(delta)
-        a.handle(a.core.broadcast(delta, state: a.state))
+        a.handle(a.core.broadcast(delta, state: a.state, now: t0))
         let before = b.state.digest
         try link.settle(&a, &b, now: t0)
         #expect(b.state.digest == before)

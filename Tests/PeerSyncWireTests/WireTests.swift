@@ -14,6 +14,7 @@ struct WireTests {
             .delta([1, 2, 3, 4]),
             .ack(context, neighbors: nil),
             .ack(context, neighbors: [testReplica(4), testReplica(5)]),
+            .ack(context, neighbors: nil, incremental: true),
             .digest(StateDigest(high: 1, low: 2), records: 99),
             .ping(rng.next()),
             .pong(7),

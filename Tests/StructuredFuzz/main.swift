@@ -336,7 +336,7 @@ public func fuzzStructured(_ data: UnsafeRawPointer, _ size: Int) -> CInt {
         case 1:
             let count = c.rare(oneIn: 8) ? c.pick([4_096, 4_097]) : c.below(3)
             let neighbors = c.chance(oneIn: 2) ? nil : Array(manyNeighbors.prefix(count))
-            message = .ack(context(&c), neighbors: neighbors)
+            message = .ack(context(&c), neighbors: neighbors, incremental: c.chance(oneIn: 2))
         case 2, 3:
             let delta = delta(&c)
             checkBlobs(delta)
@@ -404,7 +404,7 @@ struct Session {
         } catch {
             switch message {
             case .hello(let h): check(h.context.limitViolation != nil, "hello: refused a valid context (\(error))")
-            case .ack(let context, let neighbors):
+            case .ack(let context, let neighbors, _):
                 check(context.limitViolation != nil || (neighbors?.count ?? 0) > 4_096, "ack: refused a valid one (\(error))")
             case .chunk(let index, let count, let records, let body):
                 check(!(index < count && count <= WireLimits.maxChunksPerRound && records <= UInt64(body.count)),
@@ -420,7 +420,7 @@ struct Session {
             check(original.context.limitViolation == nil && hello == original, "hello: accepted an invalid context, or changed")
             exercise(hello.context)
             return true
-        case .ack(let context, let neighbors):
+        case .ack(let context, let neighbors, _):
             check(context.limitViolation == nil, "ack: accepted an invalid context")
             check((neighbors?.count ?? 0) <= 4_096, "ack: too many neighbours")
             exercise(context)

@@ -48,8 +48,16 @@ struct PeerSession {
     var endReason: SessionEndReason?
     /// `peerConnected` was reported for this session.
     var announced = false
-    /// The context of the peer's last ack (its digest that follows describes this state).
+    /// The peer's context as its acks say (incremental acks joined into the one before; its
+    /// digest that follows describes this state). Nil before its first ack.
     var lastAckContext: CausalContext?
+    /// What this side's acks told the peer its context is (nil before the first ack): the next
+    /// ack carries only the entries that changed since.
+    var ackedContext: CausalContext?
+    /// The neighbour list this side's acks last carried (sent again only when it changes).
+    var neighborsSent: [ReplicaID]?
+    /// The peer's digest differed from ours: send an ack with the next digest.
+    var ackOwed = false
     /// When the watchdog last repaired this session by a full-state exchange.
     var lastRepairAt: MonotonicInstant?
     /// Received catch-up chunks waiting to be committed together.
@@ -150,9 +158,21 @@ extension PeerSession {
                 out.ping = nil
             }
             if out.ackDue {
-                let ack = Message.ack(state.context, neighbors: neighbors).encodedFrame()
-                if ack.count <= peerMaxFrame { add(ack) }
                 out.ackDue = false
+                let newNeighbors = neighbors != neighborsSent ? neighbors : nil
+                let message: Message?
+                if let acked = ackedContext {
+                    // Only what changed since the last ack (nothing at all if nothing did).
+                    let changed = state.context.entriesChanged(since: acked)
+                    message = changed.isEmpty && newNeighbors == nil ? nil : .ack(changed, neighbors: newNeighbors, incremental: true)
+                } else {
+                    message = .ack(state.context, neighbors: newNeighbors)
+                }
+                if let ack = message?.encodedFrame(), ack.count <= peerMaxFrame {
+                    add(ack)
+                    ackedContext = state.context
+                    if newNeighbors != nil { neighborsSent = neighbors }
+                }
             }
             if out.digestDue {
                 add(Message.digest(state.digest, records: UInt64(state.records.recordCount)).encodedFrame())

@@ -72,6 +72,11 @@ struct ReplicationCore {
     private var soloCommits = 0
     /// When ``tick(now:)`` last ran.
     private var lastTick: MonotonicInstant?
+    /// When data last moved: a delta or chunk received or sent, a commit, a local change. Digest
+    /// rounds wait until the whole node has been quiet for ``SyncTiming/digestQuietPeriod``.
+    private var lastActivity: MonotonicInstant?
+    /// When the last digest round was due (rounds come at least every 10 quiet periods while busy).
+    private var lastRound: MonotonicInstant?
     /// Log lines decided where returning actions is awkward; drained with the next actions.
     private var queuedLogs: [CoreLog] = []
     /// Attachment transfers (ReplicationCore+Attachments.swift).
@@ -219,6 +224,7 @@ struct ReplicationCore {
         case .join(let entry):
             return join(id, entry: entry, now: now, wallClock: wallClock)
         case .applyChunk(var delta, let index, let count, let records):
+            lastActivity = now
             guard sessions[id]!.phase == .established else { return refuse(id, .notAdmitted, "data before admission", now: now) }
             if let refusal = ownNameRefusal(delta, state: state) { return refuse(id, .malformed, refusal, now: now) }
             switch admitData(delta, from: id, now: now) {
@@ -242,6 +248,7 @@ struct ReplicationCore {
             }
             return actions
         case .applyDelta(var delta):
+            lastActivity = now
             guard sessions[id]!.phase == .established else { return refuse(id, .notAdmitted, "data before admission", now: now) }
             if let refusal = ownNameRefusal(delta, state: state) { return refuse(id, .malformed, refusal, now: now) }
             switch admitData(delta, from: id, now: now) {
@@ -250,10 +257,16 @@ struct ReplicationCore {
             }
             queued.append(ApplyPart(session: id, deltas: [delta], endsRound: false, origin: origin(of: sessions[id]!)))
             return []
-        case .acked(let context, let neighbors):
+        case .acked(let context, let neighbors, let incremental):
             guard sessions[id]!.phase == .established else { return [] }
             sessions[id]!.delivered.merge(context)
-            sessions[id]!.lastAckContext = context
+            if incremental {
+                var known = sessions[id]!.lastAckContext ?? sessions[id]!.peer?.context ?? CausalContext()
+                known.merge(context)
+                sessions[id]!.lastAckContext = known
+            } else {
+                sessions[id]!.lastAckContext = context
+            }
             if let neighbors { sessions[id]!.neighbors = Set(neighbors) }
             return []
         case .digest(let digest, _):
@@ -262,7 +275,10 @@ struct ReplicationCore {
                 sessions[id]!.lastConvergedAt = wallClock
                 return [.event(.converged(info, digest: digest))]
             }
+            // Another round after the next quiet period, with our context this time: then the
+            // peer can tell a transient difference from a divergence.
             sessions[id]!.changedSinceDigest = true
+            sessions[id]!.ackOwed = true
             guard sessions[id]!.lastAckContext == state.context else { return [] }
             return watchdog(id, info: info, now: now, state: state)
         case .breakdown(_, let theirs):
@@ -539,9 +555,10 @@ struct ReplicationCore {
 
     /// The in-flight commit is durable; `outcomes` has one entry per delta, in order; `state` is
     /// the state after it.
-    mutating func committed(_ id: UInt64, outcomes: [MergeOutcome], state: ReplicaState) -> [Action] {
+    mutating func committed(_ id: UInt64, outcomes: [MergeOutcome], state: ReplicaState, now: MonotonicInstant) -> [Action] {
         guard let request = inFlight, request.id == id else { return [] }
         inFlight = nil
+        lastActivity = now
         var actions: [Action] = []
         var index = 0
         for part in request.parts {
@@ -598,7 +615,8 @@ struct ReplicationCore {
     // MARK: - Local changes and forwarding
 
     /// A committed local change: to every established peer.
-    mutating func broadcast(_ delta: RecordMap, state: ReplicaState) -> [Action] {
+    mutating func broadcast(_ delta: RecordMap, state: ReplicaState, now: MonotonicInstant) -> [Action] {
+        if !established.isEmpty { lastActivity = now }
         var actions: [Action] = []
         for id in established.values.sorted() {
             enqueue(delta, to: id, state: state)
@@ -662,6 +680,12 @@ struct ReplicationCore {
             }
         }
         lastTick = now
+        // Digest rounds are the node's, not each session's: once nothing has moved anywhere for a
+        // quiet period (or, while busy, every 10 of them), every session that carried a change
+        // sends one digest — with an ack only if the peer's last digest differed from ours.
+        let quiet = lastActivity.map { now - $0 >= timing.digestQuietPeriod } ?? true
+        let roundDue = quiet || lastRound.map { now - $0 >= timing.digestQuietPeriod * 10 } ?? false
+        if roundDue || lastRound == nil { lastRound = now }
         for id in sessions.keys.sorted() {
             var session = sessions[id]!
             switch session.phase {
@@ -681,11 +705,13 @@ struct ReplicationCore {
                     actions += refuse(id, .timeout, "no frame for \(formatSeconds(silence.millisecondsDouble / 1000))", now: now)
                     continue
                 }
-                let quiet = now - max(session.lastReceived, session.lastSent)
-                if session.changedSinceDigest, quiet >= timing.digestQuietPeriod {
+                if session.changedSinceDigest, roundDue {
                     session.changedSinceDigest = false
-                    session.out.ackDue = true
                     session.out.digestDue = true
+                    if session.ackOwed {
+                        session.ackOwed = false
+                        session.out.ackDue = true
+                    }
                     actions.append(.wake(id))
                 } else if now - session.lastSent >= timing.keepaliveInterval, session.out.ping == nil {
                     session.nextNonce += 1
@@ -705,6 +731,9 @@ struct ReplicationCore {
     mutating func nextBatch(_ id: SessionID, budget: Int, now: MonotonicInstant, state: ReplicaState) -> (OutboundBatch?, [Action]) {
         guard var session = sessions[id] else { return (nil, []) }
         var actions: [Action] = []
+        if session.out.deltas != nil || session.out.catchUp != nil || session.out.nextCatchUp != nil || session.out.resync {
+            lastActivity = now
+        }
         let neighbors = neighborList
         let address = session.origin.address
         let batch = session.nextBatch(

@@ -1,0 +1,214 @@
+/// Which records hold elements of which events, so that ``RecordMap/delta(missingFrom:)`` visits
+/// only the records a peer lacks something of, not every record held.
+///
+/// Every element of a state carries dots: a field register its writer's dot, a presence entry
+/// `(writer, counter)` and, once killed, its remover's dot. The index maps each such dot to the
+/// record holding the element. A peer with context `C` lacks an element only if one of its dots
+/// is not in `C`, so the records listed under the dots missing from `C` are the only ones that
+/// can hold something the peer lacks; each of them is then checked element by element, exactly
+/// as the full walk does.
+///
+/// Layout (chosen for memory: ``RecordMap`` states hold up to ~10⁵ records in ≤ 1 KB each):
+/// replica → bucket of 64 consecutive counters → entries `(record ID, counter mod 64,
+/// collection slot)`, 20 bytes each, unordered within a bucket. Adding an entry is O(1) in any
+/// arrival order; finding what a peer lacks visits the buckets above the peer's version-vector
+/// entry for each replica — O(events the peer lacks), not O(records held).
+///
+/// Entries are never removed when an element is overwritten (the new element gets its own
+/// entry); a stale entry only makes extraction check a record that turns out to hold nothing
+/// missing. When entries outnumber twice the count after the last rebuild, the index is rebuilt
+/// from the records (amortized O(1) per entry).
+struct DotIndex: Sendable {
+    /// One element's dot, as seen from its bucket: the record and the counter's low 6 bits.
+    struct Entry: Sendable {
+        let id: UUID
+        let low: UInt8
+        let collection: UInt16
+    }
+
+    /// The buckets of one replica's counters: `counter >> 6` → entries.
+    struct Buckets: Sendable {
+        var buckets: [UInt64: [Entry]] = [:]
+        var highestBucket: UInt64 = 0
+    }
+
+    static let bucketShift: UInt64 = 6
+    /// More collections than a slot can name: the index gives up and extraction walks.
+    static let maxCollections = Int(UInt16.max)
+
+    private(set) var collectionNames: [String] = []
+    private var collectionSlots: [String: UInt16] = [:]
+    private(set) var replicas: [ReplicaID: Buckets] = [:]
+    private(set) var entryCount = 0
+    /// Rebuild from the records once `entryCount` passes this.
+    private var rebuildAt = 4_096
+    /// Set when collections overflowed the slots: the owner falls back to the full walk.
+    private(set) var overflowed = false
+
+    init() {}
+
+    /// The slot of `collection`, adding it if new (nil when slots are exhausted).
+    private mutating func slot(of collection: String) -> UInt16? {
+        if let slot = collectionSlots[collection] { return slot }
+        guard collectionNames.count < Self.maxCollections else {
+            overflowed = true
+            return nil
+        }
+        let slot = UInt16(collectionNames.count)
+        collectionNames.append(collection)
+        collectionSlots[collection] = slot
+        return slot
+    }
+
+    /// Notes that record `key` holds an element with `dot`.
+    mutating func add(_ dot: Dot, _ key: RecordKey) {
+        guard !overflowed, let slot = slot(of: key.collection) else { return }
+        add(dot, id: key.id, slot: slot)
+    }
+
+    private mutating func add(_ dot: Dot, id: UUID, slot: UInt16) {
+        let bucket = dot.counter >> Self.bucketShift
+        let entry = Entry(id: id, low: UInt8(truncatingIfNeeded: dot.counter & 63), collection: slot)
+        // In place: the replica's buckets and the bucket array stay uniquely referenced.
+        modify(&replicas[dot.replica, default: Buckets()]) { buckets in
+            buckets.buckets[bucket, default: []].append(entry)
+            if bucket > buckets.highestBucket { buckets.highestBucket = bucket }
+        }
+        entryCount += 1
+    }
+
+    /// Notes every dot of `state`'s elements, once each.
+    mutating func addAll(of state: RecordState, _ key: RecordKey) {
+        guard !overflowed, let slot = slot(of: key.collection) else { return }
+        var seen = DotSet()
+        state.forEachDot { dot in
+            if seen.insert(dot) { add(dot, id: key.id, slot: slot) }
+        }
+    }
+
+    /// Whether the index has grown enough stale entries to be worth rebuilding.
+    var needsRebuild: Bool { entryCount > rebuildAt }
+
+    /// The index of `collections` from scratch.
+    static func build(_ collections: [String: [UUID: RecordState]]) -> DotIndex {
+        var index = DotIndex()
+        for (collection, records) in collections {
+            for (id, state) in records { index.addAll(of: state, RecordKey(collection: collection, id: id)) }
+        }
+        index.rebuildAt = max(4_096, index.entryCount * 2)
+        return index
+    }
+
+    /// Calls `body` with (collection, record ID) for every entry whose dot is not in `peer`
+    /// (a record may come several times).
+    ///
+    /// - Complexity: O(buckets at or above the peer's contiguous counter, per replica), bounded
+    ///   by the buckets held.
+    func forEachRecord(lacking peer: CausalContext, _ body: (String, UUID) -> Void) {
+        for (replica, buckets) in replicas {
+            let contiguous = peer.contiguousCounter(of: replica)
+            let cloud = peer.dotCloud[replica]
+            let first = contiguous >> Self.bucketShift
+            guard first <= buckets.highestBucket else { continue }
+            func visit(_ bucket: UInt64, _ entries: [Entry]) {
+                let base = bucket << Self.bucketShift
+                for entry in entries {
+                    let counter = base | UInt64(entry.low)
+                    if counter <= contiguous { continue }
+                    if let cloud, cloud.contains(counter) { continue }
+                    body(collectionNames[Int(entry.collection)], entry.id)
+                }
+            }
+            if buckets.highestBucket - first < UInt64(buckets.buckets.count) {
+                for bucket in first...buckets.highestBucket {
+                    if let entries = buckets.buckets[bucket] { visit(bucket, entries) }
+                }
+            } else {
+                // Sparse counters (far apart): visiting the buckets held is cheaper than the range.
+                for (bucket, entries) in buckets.buckets where bucket >= first { visit(bucket, entries) }
+            }
+        }
+    }
+}
+
+/// A few dots, deduplicated without hashing (a record's elements share one or two dots).
+private struct DotSet {
+    private var dots: [Dot] = []
+
+    /// Inserts `dot`; false if it was there.
+    mutating func insert(_ dot: Dot) -> Bool {
+        if dots.contains(dot) { return false }
+        dots.append(dot)
+        return true
+    }
+}
+
+/// Runs `body` on `value` in place.
+@inline(__always)
+private func modify<T>(_ value: inout T, _ body: (inout T) -> Void) { body(&value) }
+
+extension RecordState {
+    /// Calls `body` with the dot of every element: each field's writer dot, each presence entry's
+    /// `(writer, counter)` and each remover (repeats included).
+    func forEachDot(_ body: (Dot) -> Void) {
+        for register in fields.values { body(register.dot) }
+        for (replica, entry) in presence {
+            body(Dot(replica: replica, counter: entry.counter))
+            if let remover = entry.removedBy { body(remover) }
+        }
+    }
+
+    /// The elements of this record that a replica with context `peer` lacks: fields whose dot
+    /// it has not seen, presence entries whose add or removal it has not seen.
+    func missing(from peer: CausalContext) -> RecordState {
+        var missing = RecordState()
+        for (name, register) in fields where !peer.contains(register.dot) {
+            missing.fields[name] = register
+        }
+        for (replica, entry) in presence {
+            let addSeen = peer.contains(Dot(replica: replica, counter: entry.counter))
+            let removalSeen = entry.removedBy.map(peer.contains) ?? true
+            if !addSeen || !removalSeen { missing.presence[replica] = entry }
+        }
+        return missing
+    }
+}
+
+extension RecordMap {
+    /// ``delta(missingFrom:)`` through the dot index: visits only records listed under dots the
+    /// peer lacks. Falls back to ``deltaByFullWalk(missingFrom:)`` for maps without an index
+    /// (deltas built to be shipped).
+    func indexedDelta(missingFrom peer: CausalContext, index: DotIndex) -> RecordMap {
+        var result = RecordMap.withoutDigest()
+        index.forEachRecord(lacking: peer) { collection, id in
+            if result.collections[collection]?[id] != nil { return }
+            guard let state = collections[collection]?[id] else { return }
+            let missing = state.missing(from: peer)
+            if !missing.isEmpty { result.insert(RecordKey(collection: collection, id: id), missing) }
+        }
+        result.setContext(context)
+        return result
+    }
+
+    /// What a replica whose context is `peer` lacks, found by checking every record held: the
+    /// reference the indexed ``delta(missingFrom:)`` must always equal (tests compare them).
+    ///
+    /// - Complexity: O(records held).
+    public func deltaByFullWalk(missingFrom peer: CausalContext) -> RecordMap {
+        var result = RecordMap.withoutDigest()
+        for (collection, records) in collections {
+            for (id, state) in records {
+                let missing = state.missing(from: peer)
+                if !missing.isEmpty { result.insert(RecordKey(collection: collection, id: id), missing) }
+            }
+        }
+        result.setContext(context)
+        return result
+    }
+
+    /// Whether this map keeps a dot index (replica states do; deltas built to ship do not).
+    public var isIndexed: Bool { dotIndex.map { !$0.overflowed } ?? false }
+
+    /// Entries in the dot index (0 without one), for measuring its size.
+    public var dotIndexEntryCount: Int { dotIndex?.entryCount ?? 0 }
+}
