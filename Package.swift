@@ -87,7 +87,8 @@ let package = Package(
         .executableTarget(
             name: "PeerSyncBenchmarks",
             dependencies: ["PeerSync", "PeerSyncWire", .product(name: "Logging", package: "swift-log"), .product(name: "Crypto", package: "swift-crypto"),
-                           .product(name: "NIOSSL", package: "swift-nio-ssl"), .product(name: "NIOPosix", package: "swift-nio")],
+                           .product(name: "NIOSSL", package: "swift-nio-ssl"), .product(name: "NIOPosix", package: "swift-nio"),
+                           .product(name: "NIOTLS", package: "swift-nio")],
             path: "Benchmarks/PeerSyncBenchmarks"
         ),
         .executableTarget(name: "example-shift-scheduler", dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],

@@ -311,8 +311,8 @@ enum ConvergenceBenchmarks {
                     }
                     let before = await totalTraffic(peers)
                     let start = ContinuousClock.now
-                    let lastEdit = Mutex(start)
-                    let framed = Mutex<[Int]>([])
+                    let lastEdit = Locked(start)
+                    let framed = Locked<[Int]>([])
                     try await withThrowingTaskGroup(of: Void.self) { group in
                         for (i, peer) in peers.enumerated() {
                             group.addTask {
@@ -401,4 +401,11 @@ func connectMeshWait(_ peers: [PeerUnderTest], timeout: Duration) async -> Bool 
         for peer in peers where await peer.node.peers().count < peers.count - 1 { return false }
         return true
     }
+}
+
+/// A value behind a lock, shareable by reference between tasks.
+final class Locked<Value: Sendable>: Sendable {
+    private let mutex: Mutex<Value>
+    init(_ value: Value) { mutex = Mutex(value) }
+    func withLock<T>(_ body: (inout Value) -> T) -> T { mutex.withLock { body(&$0) } }
 }
