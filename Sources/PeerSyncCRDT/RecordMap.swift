@@ -14,15 +14,18 @@
 /// effect of both.
 public struct RecordMap: Sendable {
     /// collection → record ID → state. Never holds empty collections or empty records.
-    public private(set) var collections: [String: [UUID: RecordState]]
+    public internal(set) var collections: [String: [UUID: RecordState]]
     /// Every dot this state has seen.
     public private(set) var context: CausalContext
     /// The incrementally maintained digest, or nil for deltas and extracts that are built to be
     /// shipped (their digest is computed only if someone asks).
-    private var maintainedDigest: StateDigest?
+    var maintainedDigest: StateDigest?
     /// Which records hold which dots (RecordMap+DotIndex.swift), kept with the digest: replica
     /// states have one, deltas built to be shipped do not.
     var dotIndex: DotIndex?
+    /// The stable context this state was compacted with (``purge(stable:limit:)``); local
+    /// bookkeeping, not part of the state (not in `==`, the digest or the encoding).
+    public internal(set) var compactedThrough = CausalContext()
 
     /// Digest of the canonical state: fields, presence entries and context.
     ///
@@ -180,6 +183,8 @@ public struct RecordMap: Sendable {
         for (collection, incomingRecords) in delta.collections {
             for (id, incoming) in incomingRecords {
                 let key = RecordKey(collection: collection, id: id)
+                // A compacted state never takes back a record it purged (RecordMap+Compaction).
+                if !compactedThrough.isEmpty, isPurgedEcho(key, incoming) { continue }
                 applyRecord(key, incoming, into: &outcome)
             }
         }
