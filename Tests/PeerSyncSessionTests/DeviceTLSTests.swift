@@ -14,7 +14,7 @@ struct TimedOut: Error, CustomStringConvertible {
 }
 
 /// Runs `body`, failing with ``TimedOut`` after `seconds` (every wait in these tests is bounded).
-func withDeadline<T: Sendable>(_ seconds: Double = 10, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
+func withDeadline<T: Sendable>(_ seconds: Double = 60, _ body: @escaping @Sendable () async throws -> T) async throws -> T {
     try await withThrowingTaskGroup(of: T.self) { group in
         group.addTask { try await body() }
         group.addTask {
