@@ -247,6 +247,21 @@ struct LimitsTests {
         #expect(scheduler.due(now: t0 + .seconds(1)) == [Self.address(2)])
     }
 
+    @Test("a configured peer that refuses or times out is retried within the ordinary backoff (≤ 5 s), not minutes")
+    func configuredPeerRetriedSoon() {
+        var scheduler = Self.scheduler()
+        let peer = Self.address(4)
+        scheduler.add(peer, source: .configured, now: t0)
+        var now = t0
+        for _ in 0..<6 {
+            #expect(scheduler.due(now: now) == [peer])
+            scheduler.ended(peer, .rejected, now: now, jitter: 0)
+            let next = scheduler.nextWakeup()!
+            #expect(next - now <= .seconds(5))
+            now = next
+        }
+    }
+
     @Test("withdrawn and announced again, a refused address keeps its backoff")
     func reannounced() {
         var scheduler = Self.scheduler()

@@ -80,6 +80,7 @@ struct NodeLimitsTests {
         // closed at once without a byte in answer.
         let held = [try await RawClient.connect(from: "127.0.0.2", to: port), try await RawClient.connect(from: "127.0.0.2", to: port)]
         #expect(await eventually { await victim.node.limitStatus().inboundOpen == 2 })
+        let firstRefusal = ContinuousClock.now
         let refused = try await RawClient.connect(from: "127.0.0.2", to: port, tls: stranger)
         #expect(await eventually(timeout: .seconds(30)) { !refused.isOpen }, "a connection over the per-address limit stayed open")
         #expect(refused.counter.read == 0, "the node answered a refused connection (TLS work)")
@@ -92,12 +93,13 @@ struct NodeLimitsTests {
         #expect(await eventually { await victim.node.limitStatus().inboundOpen == 4 })
         let overTotal = try await RawClient.connect(from: "127.0.0.5", to: port)
         #expect(await eventually(timeout: .seconds(30)) { !overTotal.isOpen })
+        let refusalsSpan = ContinuousClock.now - firstRefusal
         let status = await victim.node.limitStatus()
         #expect((status.refusedOverAddress, status.refusedOverTotal, status.inboundOpen) == (1, 1, 4))
         #expect(held.allSatisfy(\.isOpen) && answered.isOpen && fourth.isOpen, "an admitted connection was closed")
-        // Two refusals within 10 s: one warning line.
+        // Two refusals within 10 s: one warning line (two if a loaded machine spread them wider).
         let warnings = lines.all.filter { $0.contains("inbound connections refused") }
-        #expect(warnings.count == 1, "\(warnings)")
+        #expect(warnings.count == 1 || (warnings.count == 2 && refusalsSpan > .seconds(10)), "\(warnings)")
         #expect(warnings.first?.contains("refused.overAddress=1") == true)
 
         // Room again once connections close: the honest peer (from 127.0.0.1) connects and syncs.

@@ -232,7 +232,11 @@ struct DialScheduler {
         case .rejected:
             target.rejections += 1
             hostRejections[address.host, default: 0] += 1
-            delay = settings.rejected.delay(afterFailures: target.rejections - 1, unit: jitter)
+            // A peer the user configured is not a forged advert: a refusal or a handshake that
+            // timed out (a slow or busy machine) is retried as any failure, within seconds.
+            delay = target.sources.contains(.configured)
+                ? settings.reconnect.delay(afterFailures: target.rejections - 1, unit: jitter)
+                : settings.rejected.delay(afterFailures: target.rejections - 1, unit: jitter)
         case .connectedElsewhere, .stopped:
             delay = settings.reconnect.max
         }
