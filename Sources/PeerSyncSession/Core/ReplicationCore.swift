@@ -56,29 +56,29 @@ struct ReplicationCore {
 
     var settings: Settings
     /// The group's roster as the local state has it (``updateRoster``).
-    private(set) var roster: Roster
+    var roster: Roster
     var sessions: [SessionID: PeerSession] = [:]
-    private(set) var established: [ReplicaID: SessionID] = [:]
-    private var nextSessionID: UInt64 = 1
-    private var queued: [ApplyPart] = []
-    private var inFlight: CommitRequest?
+    var established: [ReplicaID: SessionID] = [:]
+    var nextSessionID: UInt64 = 1
+    var queued: [ApplyPart] = []
+    var inFlight: CommitRequest?
     /// Context before the in-flight commit: a delta that adds to it is forwarded.
-    private var contextBeforeCommit = CausalContext()
-    private var nextCommitID: UInt64 = 1
-    private var shuttingDown = false
+    var contextBeforeCommit = CausalContext()
+    var nextCommitID: UInt64 = 1
+    var shuttingDown = false
     /// Full-state repairs the convergence watchdog made.
-    private(set) var repairs = 0
+    var repairs = 0
     /// After a refused group commit: parts still to commit one at a time (to find the culprit).
-    private var soloCommits = 0
+    var soloCommits = 0
     /// When ``tick(now:)`` last ran.
-    private var lastTick: MonotonicInstant?
+    var lastTick: MonotonicInstant?
     /// When data last moved: a delta or chunk received or sent, a commit, a local change. Digest
     /// rounds wait until the whole node has been quiet for ``SyncTiming/digestQuietPeriod``.
-    private var lastActivity: MonotonicInstant?
+    var lastActivity: MonotonicInstant?
     /// When the last digest round was due (rounds come at least every 10 quiet periods while busy).
-    private var lastRound: MonotonicInstant?
+    var lastRound: MonotonicInstant?
     /// Log lines decided where returning actions is awkward; drained with the next actions.
-    private var queuedLogs: [CoreLog] = []
+    var queuedLogs: [CoreLog] = []
     /// Attachment transfers (ReplicationCore+Attachments.swift).
     var attachmentState: AttachmentCoreState
 
@@ -88,7 +88,7 @@ struct ReplicationCore {
         attachmentState = AttachmentCoreState(limits: settings.limits)
     }
 
-    private var skewMilliseconds: UInt64 { UInt64(max(0, settings.timing.maxClockSkew.wholeMilliseconds)) }
+    var skewMilliseconds: UInt64 { UInt64(max(0, settings.timing.maxClockSkew.wholeMilliseconds)) }
 
     // MARK: - Sessions opening and ending
 
@@ -139,7 +139,7 @@ struct ReplicationCore {
 
     /// Whether a refused session is worth a line at info (a person can act on it) or debug
     /// (a peer that is simply not there).
-    private func refusalLevel(_ reason: SessionEndReason) -> CoreLog.Level {
+    func refusalLevel(_ reason: SessionEndReason) -> CoreLog.Level {
         switch reason {
         case .unreachable, .connectionLost, .localShutdown, .duplicate: .debug
         default: .warning
@@ -207,7 +207,7 @@ struct ReplicationCore {
         return actions + startCommitIfIdle(state: state)
     }
 
-    private mutating func carryOut(
+    mutating func carryOut(
         _ decision: SessionStateMachine.Action, session id: SessionID, now: MonotonicInstant, wallClock: UInt64,
         state: ReplicaState
     ) -> [Action] {
@@ -303,7 +303,7 @@ struct ReplicationCore {
     /// here or in the peer's implementation, or a store restored under the same replica ID. Each
     /// side sends its full state (joining heals any such split), and its digest breakdown so the
     /// other can log where they differed. At most one repair a minute per session.
-    private mutating func watchdog(_ id: SessionID, info: PeerInfo, now: MonotonicInstant, state: ReplicaState) -> [Action] {
+    mutating func watchdog(_ id: SessionID, info: PeerInfo, now: MonotonicInstant, state: ReplicaState) -> [Action] {
         if let last = sessions[id]!.lastRepairAt, now - last < .seconds(60) { return [] }
         sessions[id]!.lastRepairAt = now
         sessions[id]!.out.push(catchUp: state.records)
@@ -316,455 +316,10 @@ struct ReplicationCore {
     }
 
     /// A peer may echo writes in this replica's name, but never ones it did not make.
-    private func ownNameRefusal(_ delta: RecordMap, state: ReplicaState) -> String? {
+    func ownNameRefusal(_ delta: RecordMap, state: ReplicaState) -> String? {
         let issued = state.context.maxCounter(of: settings.localReplica)
         guard let claimed = delta.highestCounter(of: settings.localReplica), claimed > issued else { return nil }
         return "the delta holds a write by this replica (counter \(claimed)) that it never made (its last is \(issued))"
-    }
-
-    // MARK: - Authentication and admission
-
-    /// The peer's hello passed the protocol checks: check its group and device key, and prove
-    /// our own key (auth). The session waits for the peer's auth.
-    private mutating func authenticate(_ id: SessionID, hello: Hello, now: MonotonicInstant) -> [Action] {
-        let group = settings.identity.groupID
-        guard hello.groupID == group.bytes else {
-            return refuse(id, .notAdmitted, "the peer belongs to another sync group", now: now)
-        }
-        guard let key = hello.deviceKey.flatMap(DevicePublicKey.init(x963:)) else {
-            return refuse(id, .malformed, "the hello's device key is not a P-256 point", now: now)
-        }
-        var session = sessions[id]!
-        if let transport = session.origin.transportDevice, transport != key.deviceID {
-            return refuse(id, .notAdmitted, "the hello's device key is not the one the TLS certificate carries", now: now)
-        }
-        session.peerKey = key
-        session.phase = .authenticating
-        session.out.auth = SessionAuth.sign(key: settings.identity.key, ownNonce: session.nonce, peerNonce: hello.nonce ?? [],
-                                            own: settings.localReplica, group: group)
-        sessions[id] = session
-        return [.wake(id)]
-    }
-
-    /// The peer's auth: verify it, then ask the roster.
-    private mutating func admit(_ id: SessionID, signature: [UInt8], now: MonotonicInstant, state: ReplicaState) -> [Action] {
-        let session = sessions[id]!
-        guard session.phase == .authenticating, let key = session.peerKey, let hello = session.peer else {
-            return refuse(id, .malformed, "auth out of place", now: now)
-        }
-        guard SessionAuth.verify(signature, key: key, peerNonce: hello.nonce ?? [], ownNonce: session.nonce,
-                                 peer: hello.replicaID, group: settings.identity.groupID) else {
-            return refuse(id, .notAdmitted, "authentication failed: the peer does not hold the device key it names", now: now)
-        }
-        // A device of a group upgraded from a shared secret enrolled itself, offline: a peer that
-        // has not seen that entry yet learns it here (to a peer that has, it is harmless).
-        if settings.identity.legacySecret != nil, let enrol = ownLegacyEnrol {
-            sessions[id]!.out.join = enrol
-        }
-        switch roster.admission(of: key.deviceID, pendingJoin: settings.identity.pendingJoin) {
-        case .refused(let reason, let text):
-            return refuse(id, reason, text, now: now)
-        case .candidate:
-            sessions[id]!.phase = .joining
-            let asked = CoreLog(.info, "an unknown device asks to join", sessionMetadata(session, ["peer.device": key.deviceID.shortForm]))
-            // Our own legacy enrolment (set above) goes out now: the peer may not know us either.
-            return sessions[id]!.out.join == nil ? [.log(asked)] : [.log(asked), .wake(id)]
-        case .member:
-            var actions = register(id, hello: hello, now: now, state: state)
-            if let join = settings.identity.pendingJoin, key.deviceID == join.inviter, sessions[id]?.phase == .established {
-                sessions[id]!.out.join = join.entry
-                actions.append(.wake(id))
-            }
-            return actions
-        }
-    }
-
-    /// This device's legacy enrolment entry, if it has one.
-    private var ownLegacyEnrol: [UInt8]? {
-        let me = settings.identity.key.deviceID
-        return roster.entries.values.first { $0.kind == .legacyEnrol && $0.signer == me }?.bytes
-    }
-
-    /// An unknown device presents the roster entry that should admit it.
-    private mutating func join(_ id: SessionID, entry bytes: [UInt8], now: MonotonicInstant, wallClock: UInt64) -> [Action] {
-        let session = sessions[id]!
-        guard session.phase == .joining, let device = session.peerKey?.deviceID else {
-            // A joiner sends its entry once admitted by its inviter; elsewhere it is harmless.
-            return session.phase == .established ? [] : refuse(id, .malformed, "join out of place", now: now)
-        }
-        let entry: RosterEntry
-        do {
-            entry = try RosterEntry(bytes: bytes)
-        } catch {
-            return refuse(id, .notAdmitted, "the join entry is malformed: \(error)", now: now)
-        }
-        guard entry.signer == device, entry.groupID == settings.identity.groupID else {
-            return refuse(id, .notAdmitted, "the join entry is not this device's, for this group", now: now)
-        }
-        switch entry.payload {
-        case .enrol(let token, _):
-            if let refusal = roster.joinRefusal(token: token, now: wallClock) { return refuse(id, .notAdmitted, refusal, now: now) }
-        case .legacyEnrol:
-            break
-        default:
-            return refuse(id, .notAdmitted, "a join needs an enrol entry, got \(entry.kind)", now: now)
-        }
-        let after = roster.adding([entry])
-        guard after.isActive(device) else {
-            let reason = after.ineffective.first { $0.entry.id == entry.id }?.reason ?? "the roster does not admit it"
-            return refuse(id, .notAdmitted, reason, now: now)
-        }
-        return [.log(CoreLog(.info, "admitting a new device", sessionMetadata(session, ["peer.device": device.shortForm]))),
-                .admitJoiner(id, entry)]
-    }
-
-    /// The joiner's entry is committed (and in `roster`): the session becomes a member's.
-    mutating func joinerAdmitted(_ id: SessionID, roster: Roster, now: MonotonicInstant, state: ReplicaState) -> [Action] {
-        self.roster = roster
-        guard let session = sessions[id], session.phase == .joining, let hello = session.peer else { return [] }
-        return register(id, hello: hello, now: now, state: state) + startCommitIfIdle(state: state)
-    }
-
-    /// The roster changed (a local or a peer's entry): sessions of devices no longer active end.
-    mutating func updateRoster(_ roster: Roster, identity: LocalIdentity, now: MonotonicInstant) -> [Action] {
-        self.roster = roster
-        settings.identity = identity
-        var actions: [Action] = []
-        for id in sessions.keys.sorted() {
-            guard let session = sessions[id], session.phase == .established, let device = session.peerKey?.deviceID else { continue }
-            if case .refused(let reason, let text) = roster.admission(of: device, pendingJoin: identity.pendingJoin) {
-                actions += refuse(id, reason, text, now: now)
-            }
-        }
-        return actions
-    }
-
-    enum DataAdmission {
-        case admitted(RecordMap)
-        case refused([Action])
-    }
-
-    /// Roster entries in a peer's delta must be well formed and authorised; a removed device's
-    /// writes beyond its cutoff are dropped (their dots stay known, so nobody offers them again).
-    private mutating func admitData(_ delta: RecordMap, from id: SessionID, now: MonotonicInstant) -> DataAdmission {
-        if let violation = delta.limitViolation {
-            return .refused(refuse(id, .malformed, "the delta breaks a limit: \(violation)", now: now))
-        }
-        if delta.touchesRoster {
-            let validation = roster.validate(delta: delta)
-            if let refusal = validation.refused.first {
-                let hostile = validation.hasMalformed
-                return .refused(refuse(id, hostile ? .malformed : .other,
-                                       hostile ? "roster entry refused: \(refusal)"
-                                               : "roster entries arrived before the entries that authorise them (\(refusal)); try again",
-                                       now: now))
-            }
-        }
-        guard let (stripped, count) = delta.strippingRefused(by: roster) else { return .admitted(delta) }
-        if let session = sessions[id] {
-            queuedLogs.append(CoreLog(.info, "dropped writes of a removed device", sessionMetadata(session, ["writes": "\(count)"])))
-        }
-        return .admitted(stripped)
-    }
-
-    private func origin(of session: PeerSession) -> String {
-        "peer:" + (session.peer?.replicaID.shortDescription ?? session.origin.address)
-    }
-
-    /// Admits an established session under the duplicate rule and queues its catch-up.
-    private mutating func register(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: ReplicaState) -> [Action] {
-        var actions: [Action] = []
-        let issued = state.context.maxCounter(of: settings.localReplica)
-        let known = hello.context.maxCounter(of: settings.localReplica)
-        if known > issued {
-            // The peer has writes in our name we do not: this store was restored from an older copy
-            // (or copied, and the copy wrote). Writing on under this ID would reuse dots.
-            let info = PeerInfo(replicaID: hello.replicaID, name: hello.name, address: sessions[id]!.origin.address,
-                                dialed: sessions[id]!.origin.initiator)
-            return refuse(id, .replicaRestored, "the peer knows \(known) writes by this replica, this store has \(issued)", now: now)
-                + [.event(.restoredStoreDetected(info, replica: settings.localReplica, peerKnows: known, localHas: issued))]
-        }
-        if established[hello.replicaID] == nil, established.count >= settings.limits.sessions {
-            return refuse(id, .overloaded, "this node has \(established.count) sessions, its limit", now: now)
-        }
-        if let existingID = established[hello.replicaID], let existing = sessions[existingID] {
-            // Of two sessions between one pair, the one dialed by the lower replica ID survives
-            // (if both were dialed by the same side, the newer one); both ends decide alike.
-            let newDialer = sessions[id]!.origin.initiator ? settings.localReplica : hello.replicaID
-            let oldDialer = existing.origin.initiator ? settings.localReplica : hello.replicaID
-            let keepNew = newDialer == oldDialer ? true : newDialer < oldDialer
-            let loser = keepNew ? existingID : id
-            var session = sessions[loser]!
-            session.close(with: .goodbye(.duplicateConnection, "another connection to this peer is kept"), reason: .duplicate, now: now)
-            sessions[loser] = session
-            actions.append(.wake(loser))
-            if !keepNew { return actions }
-            established[hello.replicaID] = nil
-        }
-        var session = sessions[id]!
-        session.phase = .established
-        session.peerMaxFrame = Int(min(hello.maxFrameBytes, UInt64(Int32.max)))
-        session.delivered.merge(hello.context)
-        let extract = settings.transfer == .fullState ? state.records : state.delta(missingFrom: hello.context)
-        session.out.push(catchUp: extract)
-        sessions[id] = session
-        session.announced = true
-        sessions[id] = session
-        established[hello.replicaID] = id
-        actions += announceNeighbors()
-        actions += attachmentPeerAdmitted(id, hello: hello, state: state)
-        if let info = session.info {
-            actions.append(.log(CoreLog(.info, "peer connected", ["peer.id": hello.replicaID.shortDescription, "peer.name": hello.name,
-                                                                   "peer.dialed": "\(session.origin.initiator)"])))
-            actions.append(.event(.peerConnected(info)))
-        }
-        return actions
-    }
-
-    /// The replicas with an established session, sorted.
-    var neighborList: [ReplicaID] { established.keys.sorted() }
-
-    /// Tells every peer whom this node is connected to now, so they forward only what it lacks.
-    private mutating func announceNeighbors() -> [Action] {
-        var actions: [Action] = []
-        for id in established.values.sorted() {
-            sessions[id]!.out.ackDue = true
-            actions.append(.wake(id))
-        }
-        return actions
-    }
-
-    // MARK: - Commits
-
-    private mutating func startCommitIfIdle(state: ReplicaState) -> [Action] {
-        guard inFlight == nil, !queued.isEmpty else { return [] }
-        let parts: [ApplyPart]
-        if soloCommits > 0 {
-            soloCommits -= 1
-            parts = [queued.removeFirst()]
-        } else {
-            parts = queued
-            queued = []
-        }
-        let request = CommitRequest(id: nextCommitID, parts: parts)
-        nextCommitID += 1
-        inFlight = request
-        contextBeforeCommit = state.context
-        return [.commit(request)]
-    }
-
-    /// The in-flight commit is durable; `outcomes` has one entry per delta, in order; `state` is
-    /// the state after it.
-    mutating func committed(_ id: UInt64, outcomes: [MergeOutcome], state: ReplicaState, now: MonotonicInstant) -> [Action] {
-        guard let request = inFlight, request.id == id else { return [] }
-        inFlight = nil
-        lastActivity = now
-        var actions: [Action] = []
-        var index = 0
-        for part in request.parts {
-            var partOutcome = MergeOutcome()
-            for delta in part.deltas {
-                let outcome = index < outcomes.count ? outcomes[index] : MergeOutcome()
-                index += 1
-                partOutcome.absorb(outcome)
-                sessions[part.session]?.delivered.merge(delta.context)
-                let grew = !contextBeforeCommit.includes(delta.context)
-                if !outcome.isEmpty || grew { actions += forward(delta, from: part.session, state: state) }
-            }
-            guard var session = sessions[part.session] else { continue }
-            session.changedSinceDigest = true
-            if part.endsRound {
-                session.out.ackDue = true
-                actions.append(.wake(part.session))
-            }
-            sessions[part.session] = session
-            if !partOutcome.isEmpty, let info = session.info { actions.append(.event(.remoteChange(partOutcome, from: info))) }
-        }
-        actions += attachmentsReferenced(in: outcomes.lazy.flatMap { $0.changedRecords }, state: state)
-        return actions + startCommitIfIdle(state: state)
-    }
-
-    /// The in-flight commit failed: nothing of it is stored. Its sessions are closed (their
-    /// peers will send it again on the next session).
-    ///
-    /// `refused`: the store refused the data (it breaks a bound): the sending peer broke a rule.
-    /// In a group commit of several sessions, each is retried alone so only the culprit is closed.
-    mutating func commitFailed(_ id: UInt64, error: String, refused: Bool, now: MonotonicInstant, state: ReplicaState) -> [Action] {
-        guard let request = inFlight, request.id == id else { return [] }
-        inFlight = nil
-        if refused {
-            if Set(request.parts.map(\.session)).count > 1 {
-                queued = request.parts + queued
-                soloCommits = request.parts.count
-                return startCommitIfIdle(state: state)
-            }
-            var actions: [Action] = []
-            for session in Set(request.parts.map(\.session)).sorted() { actions += refuse(session, .malformed, "refused: \(error)", now: now) }
-            return actions + startCommitIfIdle(state: state)
-        }
-        var actions: [Action] = [.log(CoreLog(.error, "cannot store what peers sent; closing their sessions", ["error": error]))]
-        for session in Set(request.parts.map(\.session)).sorted() {
-            guard var s = sessions[session], s.phase != .closing else { continue }
-            s.close(with: .error(.other, "the receiver's storage failed"), reason: .storageFailed(detail: error), now: now)
-            sessions[session] = s
-            actions.append(.wake(session))
-        }
-        return actions + startCommitIfIdle(state: state)
-    }
-
-    // MARK: - Local changes and forwarding
-
-    /// A committed local change: to every established peer.
-    mutating func broadcast(_ delta: RecordMap, state: ReplicaState, now: MonotonicInstant) -> [Action] {
-        if !established.isEmpty { lastActivity = now }
-        var actions: [Action] = []
-        for id in established.values.sorted() {
-            enqueue(delta, to: id, state: state)
-            actions.append(.wake(id))
-        }
-        return actions + attachmentsReferenced(in: delta.allRecords.lazy.map { $0.0 }, state: state)
-    }
-
-    /// The local state was reloaded (another process rewrote much of the store): every peer gets
-    /// what it lacks according to what it is known to have.
-    mutating func resyncAll() -> [Action] {
-        var actions: [Action] = []
-        for id in established.values.sorted() {
-            sessions[id]!.out.resync = true
-            sessions[id]!.changedSinceDigest = true
-            actions.append(.wake(id))
-        }
-        return actions
-    }
-
-    /// Queues a peer's delta to every other peer that lacks it — except a peer that made it or
-    /// that is directly connected to every replica that made it (acks carry neighbour lists).
-    private mutating func forward(_ delta: RecordMap, from source: SessionID, state: ReplicaState) -> [Action] {
-        var actions: [Action] = []
-        let origins = delta.context.replicas
-        for id in established.values.sorted() where id != source {
-            let other = sessions[id]!
-            if !delta.context.isEmpty && other.delivered.includes(delta.context) { continue }
-            if !origins.isEmpty, let peer = other.peer?.replicaID,
-               origins.allSatisfy({ $0 == peer || (other.neighbors?.contains($0) ?? false) }) { continue }
-            enqueue(delta, to: id, state: state)
-            actions.append(.wake(id))
-        }
-        return actions
-    }
-
-    private mutating func enqueue(_ delta: RecordMap, to id: SessionID, state: ReplicaState) {
-        sessions[id]!.changedSinceDigest = true
-        if settings.transfer == .fullState {
-            sessions[id]!.out.push(catchUp: state.records, replacing: true)
-        } else {
-            sessions[id]!.out.push(delta: delta, limit: settings.limits.outboxDeltaBytes)
-        }
-    }
-
-    // MARK: - Timer
-
-    /// The node's one timer: keepalives, acks and digests when quiet, dead peers, handshakes
-    /// that never finish, closings that never flush.
-    mutating func tick(now: MonotonicInstant) -> [Action] {
-        var actions: [Action] = []
-        let timing = settings.timing
-        // A node whose own timer ran late (its process starved of CPU, or suspended) did not hear
-        // from its peers for the same reason: the stall beyond a few ticks is not their silence.
-        if let last = lastTick, now - last > timing.tick * 10 {
-            let stall = now - last - timing.tick
-            for id in sessions.keys {
-                sessions[id]!.lastReceived = min(now, sessions[id]!.lastReceived + stall)
-                sessions[id]!.openedAt = min(now, sessions[id]!.openedAt + stall)
-                if let since = sessions[id]!.closingSince { sessions[id]!.closingSince = min(now, since + stall) }
-            }
-        }
-        lastTick = now
-        // Digest rounds are the node's, not each session's: once nothing has moved anywhere for a
-        // quiet period (or, while busy, every 10 of them), every session that carried a change
-        // sends one digest — with an ack only if the peer's last digest differed from ours.
-        let quiet = lastActivity.map { now - $0 >= timing.digestQuietPeriod } ?? true
-        let roundDue = quiet || lastRound.map { now - $0 >= timing.digestQuietPeriod * 10 } ?? false
-        if roundDue || lastRound == nil { lastRound = now }
-        for id in sessions.keys.sorted() {
-            var session = sessions[id]!
-            switch session.phase {
-            case .closing:
-                if let since = session.closingSince, now - since >= timing.closeDrainTimeout {
-                    actions.append(.closeTransport(id))
-                }
-            case .awaitingHello, .authenticating, .joining:
-                if now - session.openedAt >= timing.handshakeTimeout {
-                    let what = session.phase == .awaitingHello ? "no hello" : "no admission"
-                    actions += refuse(id, .timeout, "\(what) within \(formatSeconds(timing.handshakeTimeout.millisecondsDouble / 1000))", now: now)
-                    continue
-                }
-            case .established:
-                let silence = now - session.lastReceived
-                if silence >= timing.deadPeerTimeout {
-                    actions += refuse(id, .timeout, "no frame for \(formatSeconds(silence.millisecondsDouble / 1000))", now: now)
-                    continue
-                }
-                if session.changedSinceDigest, roundDue {
-                    session.changedSinceDigest = false
-                    session.out.digestDue = true
-                    if session.ackOwed {
-                        session.ackOwed = false
-                        session.out.ackDue = true
-                    }
-                    actions.append(.wake(id))
-                } else if now - session.lastSent >= timing.keepaliveInterval, session.out.ping == nil {
-                    session.nextNonce += 1
-                    session.out.ping = session.nextNonce
-                    actions.append(.wake(id))
-                }
-                sessions[id] = session
-            }
-        }
-        return actions + attachmentTick(now: now)
-    }
-
-    // MARK: - Outbound
-
-    /// The next bytes for a session's transport (nil: nothing now). `skipped` reports fields too
-    /// large for the peer's frames.
-    mutating func nextBatch(_ id: SessionID, budget: Int, now: MonotonicInstant, state: ReplicaState) -> (OutboundBatch?, [Action]) {
-        guard var session = sessions[id] else { return (nil, []) }
-        var actions: [Action] = []
-        if session.out.deltas != nil || session.out.catchUp != nil || session.out.nextCatchUp != nil || session.out.resync {
-            lastActivity = now
-        }
-        let neighbors = neighborList
-        let address = session.origin.address
-        let batch = session.nextBatch(
-            budget: budget, state: state, neighbors: neighbors, chunkTarget: settings.limits.chunkTargetBytes, now: now
-        ) { key, field in
-            actions.append(.log(CoreLog(.warning, "a field is too large for the peer's frames and is not sent to it",
-                                        ["record": "\(key)", "field": field, "peer.address": address])))
-        }
-        sessions[id] = session
-        return (appendAttachmentFrames(id, to: batch, budget: budget, now: now), actions)
-    }
-
-    /// Whether the session has anything queued.
-    func hasOutput(_ id: SessionID) -> Bool { sessions[id]?.out.hasWork ?? false }
-
-    // MARK: - Status
-
-    func peerStatuses() -> [(PeerInfo, lastConvergedAt: UInt64?, bytesSent: Int, bytesReceived: Int)] {
-        established.values.sorted().compactMap { id in
-            guard let session = sessions[id], let info = session.info else { return nil }
-            return (info, session.lastConvergedAt, session.bytesSent, session.bytesReceived)
-        }
-    }
-
-    func session(_ id: SessionID) -> PeerSession? { sessions[id] }
-
-    func sessionMetadata(_ session: PeerSession, _ extra: [String: String]) -> [String: String] {
-        var metadata = extra
-        metadata["peer.address"] = session.origin.address
-        if let peer = session.peer { metadata["peer.id"] = peer.replicaID.shortDescription }
-        return metadata
     }
 }
 

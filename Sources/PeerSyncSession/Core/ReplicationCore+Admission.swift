@@ -1,0 +1,220 @@
+import PeerSyncCRDT
+import PeerSyncIdentity
+import PeerSyncModel
+import PeerSyncWire
+
+/// Authentication and admission: hello → auth → the roster's verdict (member, joiner or
+/// refused), joins, roster changes, and registering an established session.
+extension ReplicationCore {
+    // MARK: - Authentication and admission
+
+    /// The peer's hello passed the protocol checks: check its group and device key, and prove
+    /// our own key (auth). The session waits for the peer's auth.
+    mutating func authenticate(_ id: SessionID, hello: Hello, now: MonotonicInstant) -> [Action] {
+        let group = settings.identity.groupID
+        guard hello.groupID == group.bytes else {
+            return refuse(id, .notAdmitted, "the peer belongs to another sync group", now: now)
+        }
+        guard let key = hello.deviceKey.flatMap(DevicePublicKey.init(x963:)) else {
+            return refuse(id, .malformed, "the hello's device key is not a P-256 point", now: now)
+        }
+        var session = sessions[id]!
+        if let transport = session.origin.transportDevice, transport != key.deviceID {
+            return refuse(id, .notAdmitted, "the hello's device key is not the one the TLS certificate carries", now: now)
+        }
+        session.peerKey = key
+        session.phase = .authenticating
+        session.out.auth = SessionAuth.sign(key: settings.identity.key, ownNonce: session.nonce, peerNonce: hello.nonce ?? [],
+                                            own: settings.localReplica, group: group)
+        sessions[id] = session
+        return [.wake(id)]
+    }
+
+    /// The peer's auth: verify it, then ask the roster.
+    mutating func admit(_ id: SessionID, signature: [UInt8], now: MonotonicInstant, state: ReplicaState) -> [Action] {
+        let session = sessions[id]!
+        guard session.phase == .authenticating, let key = session.peerKey, let hello = session.peer else {
+            return refuse(id, .malformed, "auth out of place", now: now)
+        }
+        guard SessionAuth.verify(signature, key: key, peerNonce: hello.nonce ?? [], ownNonce: session.nonce,
+                                 peer: hello.replicaID, group: settings.identity.groupID) else {
+            return refuse(id, .notAdmitted, "authentication failed: the peer does not hold the device key it names", now: now)
+        }
+        // A device of a group upgraded from a shared secret enrolled itself, offline: a peer that
+        // has not seen that entry yet learns it here (to a peer that has, it is harmless).
+        if settings.identity.legacySecret != nil, let enrol = ownLegacyEnrol {
+            sessions[id]!.out.join = enrol
+        }
+        switch roster.admission(of: key.deviceID, pendingJoin: settings.identity.pendingJoin) {
+        case .refused(let reason, let text):
+            return refuse(id, reason, text, now: now)
+        case .candidate:
+            sessions[id]!.phase = .joining
+            let asked = CoreLog(.info, "an unknown device asks to join", sessionMetadata(session, ["peer.device": key.deviceID.shortForm]))
+            // Our own legacy enrolment (set above) goes out now: the peer may not know us either.
+            return sessions[id]!.out.join == nil ? [.log(asked)] : [.log(asked), .wake(id)]
+        case .member:
+            var actions = register(id, hello: hello, now: now, state: state)
+            if let join = settings.identity.pendingJoin, key.deviceID == join.inviter, sessions[id]?.phase == .established {
+                sessions[id]!.out.join = join.entry
+                actions.append(.wake(id))
+            }
+            return actions
+        }
+    }
+
+    /// This device's legacy enrolment entry, if it has one.
+    var ownLegacyEnrol: [UInt8]? {
+        let me = settings.identity.key.deviceID
+        return roster.entries.values.first { $0.kind == .legacyEnrol && $0.signer == me }?.bytes
+    }
+
+    /// An unknown device presents the roster entry that should admit it.
+    mutating func join(_ id: SessionID, entry bytes: [UInt8], now: MonotonicInstant, wallClock: UInt64) -> [Action] {
+        let session = sessions[id]!
+        guard session.phase == .joining, let device = session.peerKey?.deviceID else {
+            // A joiner sends its entry once admitted by its inviter; elsewhere it is harmless.
+            return session.phase == .established ? [] : refuse(id, .malformed, "join out of place", now: now)
+        }
+        let entry: RosterEntry
+        do {
+            entry = try RosterEntry(bytes: bytes)
+        } catch {
+            return refuse(id, .notAdmitted, "the join entry is malformed: \(error)", now: now)
+        }
+        guard entry.signer == device, entry.groupID == settings.identity.groupID else {
+            return refuse(id, .notAdmitted, "the join entry is not this device's, for this group", now: now)
+        }
+        switch entry.payload {
+        case .enrol(let token, _):
+            if let refusal = roster.joinRefusal(token: token, now: wallClock) { return refuse(id, .notAdmitted, refusal, now: now) }
+        case .legacyEnrol:
+            break
+        default:
+            return refuse(id, .notAdmitted, "a join needs an enrol entry, got \(entry.kind)", now: now)
+        }
+        let after = roster.adding([entry])
+        guard after.isActive(device) else {
+            let reason = after.ineffective.first { $0.entry.id == entry.id }?.reason ?? "the roster does not admit it"
+            return refuse(id, .notAdmitted, reason, now: now)
+        }
+        return [.log(CoreLog(.info, "admitting a new device", sessionMetadata(session, ["peer.device": device.shortForm]))),
+                .admitJoiner(id, entry)]
+    }
+
+    /// The joiner's entry is committed (and in `roster`): the session becomes a member's.
+    mutating func joinerAdmitted(_ id: SessionID, roster: Roster, now: MonotonicInstant, state: ReplicaState) -> [Action] {
+        self.roster = roster
+        guard let session = sessions[id], session.phase == .joining, let hello = session.peer else { return [] }
+        return register(id, hello: hello, now: now, state: state) + startCommitIfIdle(state: state)
+    }
+
+    /// The roster changed (a local or a peer's entry): sessions of devices no longer active end.
+    mutating func updateRoster(_ roster: Roster, identity: LocalIdentity, now: MonotonicInstant) -> [Action] {
+        self.roster = roster
+        settings.identity = identity
+        var actions: [Action] = []
+        for id in sessions.keys.sorted() {
+            guard let session = sessions[id], session.phase == .established, let device = session.peerKey?.deviceID else { continue }
+            if case .refused(let reason, let text) = roster.admission(of: device, pendingJoin: identity.pendingJoin) {
+                actions += refuse(id, reason, text, now: now)
+            }
+        }
+        return actions
+    }
+
+    enum DataAdmission {
+        case admitted(RecordMap)
+        case refused([Action])
+    }
+
+    /// Roster entries in a peer's delta must be well formed and authorised; a removed device's
+    /// writes beyond its cutoff are dropped (their dots stay known, so nobody offers them again).
+    mutating func admitData(_ delta: RecordMap, from id: SessionID, now: MonotonicInstant) -> DataAdmission {
+        if let violation = delta.limitViolation {
+            return .refused(refuse(id, .malformed, "the delta breaks a limit: \(violation)", now: now))
+        }
+        if delta.touchesRoster {
+            let validation = roster.validate(delta: delta)
+            if let refusal = validation.refused.first {
+                let hostile = validation.hasMalformed
+                return .refused(refuse(id, hostile ? .malformed : .other,
+                                       hostile ? "roster entry refused: \(refusal)"
+                                               : "roster entries arrived before the entries that authorise them (\(refusal)); try again",
+                                       now: now))
+            }
+        }
+        guard let (stripped, count) = delta.strippingRefused(by: roster) else { return .admitted(delta) }
+        if let session = sessions[id] {
+            queuedLogs.append(CoreLog(.info, "dropped writes of a removed device", sessionMetadata(session, ["writes": "\(count)"])))
+        }
+        return .admitted(stripped)
+    }
+
+    func origin(of session: PeerSession) -> String {
+        "peer:" + (session.peer?.replicaID.shortDescription ?? session.origin.address)
+    }
+
+    /// Admits an established session under the duplicate rule and queues its catch-up.
+    mutating func register(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: ReplicaState) -> [Action] {
+        var actions: [Action] = []
+        let issued = state.context.maxCounter(of: settings.localReplica)
+        let known = hello.context.maxCounter(of: settings.localReplica)
+        if known > issued {
+            // The peer has writes in our name we do not: this store was restored from an older copy
+            // (or copied, and the copy wrote). Writing on under this ID would reuse dots.
+            let info = PeerInfo(replicaID: hello.replicaID, name: hello.name, address: sessions[id]!.origin.address,
+                                dialed: sessions[id]!.origin.initiator)
+            return refuse(id, .replicaRestored, "the peer knows \(known) writes by this replica, this store has \(issued)", now: now)
+                + [.event(.restoredStoreDetected(info, replica: settings.localReplica, peerKnows: known, localHas: issued))]
+        }
+        if established[hello.replicaID] == nil, established.count >= settings.limits.sessions {
+            return refuse(id, .overloaded, "this node has \(established.count) sessions, its limit", now: now)
+        }
+        if let existingID = established[hello.replicaID], let existing = sessions[existingID] {
+            // Of two sessions between one pair, the one dialed by the lower replica ID survives
+            // (if both were dialed by the same side, the newer one); both ends decide alike.
+            let newDialer = sessions[id]!.origin.initiator ? settings.localReplica : hello.replicaID
+            let oldDialer = existing.origin.initiator ? settings.localReplica : hello.replicaID
+            let keepNew = newDialer == oldDialer ? true : newDialer < oldDialer
+            let loser = keepNew ? existingID : id
+            var session = sessions[loser]!
+            session.close(with: .goodbye(.duplicateConnection, "another connection to this peer is kept"), reason: .duplicate, now: now)
+            sessions[loser] = session
+            actions.append(.wake(loser))
+            if !keepNew { return actions }
+            established[hello.replicaID] = nil
+        }
+        var session = sessions[id]!
+        session.phase = .established
+        session.peerMaxFrame = Int(min(hello.maxFrameBytes, UInt64(Int32.max)))
+        session.delivered.merge(hello.context)
+        let extract = settings.transfer == .fullState ? state.records : state.delta(missingFrom: hello.context)
+        session.out.push(catchUp: extract)
+        sessions[id] = session
+        session.announced = true
+        sessions[id] = session
+        established[hello.replicaID] = id
+        actions += announceNeighbors()
+        actions += attachmentPeerAdmitted(id, hello: hello, state: state)
+        if let info = session.info {
+            actions.append(.log(CoreLog(.info, "peer connected", ["peer.id": hello.replicaID.shortDescription, "peer.name": hello.name,
+                                                                   "peer.dialed": "\(session.origin.initiator)"])))
+            actions.append(.event(.peerConnected(info)))
+        }
+        return actions
+    }
+
+    /// The replicas with an established session, sorted.
+    var neighborList: [ReplicaID] { established.keys.sorted() }
+
+    /// Tells every peer whom this node is connected to now, so they forward only what it lacks.
+    mutating func announceNeighbors() -> [Action] {
+        var actions: [Action] = []
+        for id in established.values.sorted() {
+            sessions[id]!.out.ackDue = true
+            actions.append(.wake(id))
+        }
+        return actions
+    }
+}

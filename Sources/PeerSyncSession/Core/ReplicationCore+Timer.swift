@@ -1,0 +1,113 @@
+import PeerSyncCRDT
+import PeerSyncIdentity
+import PeerSyncModel
+import PeerSyncWire
+
+/// The node's timer (keepalive, dead peers, digest rounds, handshake timeouts), what each
+/// session's writer sends next, and status.
+extension ReplicationCore {
+    // MARK: - Timer
+
+    /// The node's one timer: keepalives, acks and digests when quiet, dead peers, handshakes
+    /// that never finish, closings that never flush.
+    mutating func tick(now: MonotonicInstant) -> [Action] {
+        var actions: [Action] = []
+        let timing = settings.timing
+        // A node whose own timer ran late (its process starved of CPU, or suspended) did not hear
+        // from its peers for the same reason: the stall beyond a few ticks is not their silence.
+        if let last = lastTick, now - last > timing.tick * 10 {
+            let stall = now - last - timing.tick
+            for id in sessions.keys {
+                sessions[id]!.lastReceived = min(now, sessions[id]!.lastReceived + stall)
+                sessions[id]!.openedAt = min(now, sessions[id]!.openedAt + stall)
+                if let since = sessions[id]!.closingSince { sessions[id]!.closingSince = min(now, since + stall) }
+            }
+        }
+        lastTick = now
+        // Digest rounds are the node's, not each session's: once nothing has moved anywhere for a
+        // quiet period (or, while busy, every 10 of them), every session that carried a change
+        // sends one digest — with an ack only if the peer's last digest differed from ours.
+        let quiet = lastActivity.map { now - $0 >= timing.digestQuietPeriod } ?? true
+        let roundDue = quiet || lastRound.map { now - $0 >= timing.digestQuietPeriod * 10 } ?? false
+        if roundDue || lastRound == nil { lastRound = now }
+        for id in sessions.keys.sorted() {
+            var session = sessions[id]!
+            switch session.phase {
+            case .closing:
+                if let since = session.closingSince, now - since >= timing.closeDrainTimeout {
+                    actions.append(.closeTransport(id))
+                }
+            case .awaitingHello, .authenticating, .joining:
+                if now - session.openedAt >= timing.handshakeTimeout {
+                    let what = session.phase == .awaitingHello ? "no hello" : "no admission"
+                    actions += refuse(id, .timeout, "\(what) within \(formatSeconds(timing.handshakeTimeout.millisecondsDouble / 1000))", now: now)
+                    continue
+                }
+            case .established:
+                let silence = now - session.lastReceived
+                if silence >= timing.deadPeerTimeout {
+                    actions += refuse(id, .timeout, "no frame for \(formatSeconds(silence.millisecondsDouble / 1000))", now: now)
+                    continue
+                }
+                if session.changedSinceDigest, roundDue {
+                    session.changedSinceDigest = false
+                    session.out.digestDue = true
+                    if session.ackOwed {
+                        session.ackOwed = false
+                        session.out.ackDue = true
+                    }
+                    actions.append(.wake(id))
+                } else if now - session.lastSent >= timing.keepaliveInterval, session.out.ping == nil {
+                    session.nextNonce += 1
+                    session.out.ping = session.nextNonce
+                    actions.append(.wake(id))
+                }
+                sessions[id] = session
+            }
+        }
+        return actions + attachmentTick(now: now)
+    }
+
+    // MARK: - Outbound
+
+    /// The next bytes for a session's transport (nil: nothing now). `skipped` reports fields too
+    /// large for the peer's frames.
+    mutating func nextBatch(_ id: SessionID, budget: Int, now: MonotonicInstant, state: ReplicaState) -> (OutboundBatch?, [Action]) {
+        guard var session = sessions[id] else { return (nil, []) }
+        var actions: [Action] = []
+        if session.out.deltas != nil || session.out.catchUp != nil || session.out.nextCatchUp != nil || session.out.resync {
+            lastActivity = now
+        }
+        let neighbors = neighborList
+        let address = session.origin.address
+        let batch = session.nextBatch(
+            budget: budget, state: state, neighbors: neighbors, chunkTarget: settings.limits.chunkTargetBytes, now: now
+        ) { key, field in
+            actions.append(.log(CoreLog(.warning, "a field is too large for the peer's frames and is not sent to it",
+                                        ["record": "\(key)", "field": field, "peer.address": address])))
+        }
+        sessions[id] = session
+        return (appendAttachmentFrames(id, to: batch, budget: budget, now: now), actions)
+    }
+
+    /// Whether the session has anything queued.
+    func hasOutput(_ id: SessionID) -> Bool { sessions[id]?.out.hasWork ?? false }
+
+    // MARK: - Status
+
+    func peerStatuses() -> [(PeerInfo, lastConvergedAt: UInt64?, bytesSent: Int, bytesReceived: Int)] {
+        established.values.sorted().compactMap { id in
+            guard let session = sessions[id], let info = session.info else { return nil }
+            return (info, session.lastConvergedAt, session.bytesSent, session.bytesReceived)
+        }
+    }
+
+    func session(_ id: SessionID) -> PeerSession? { sessions[id] }
+
+    func sessionMetadata(_ session: PeerSession, _ extra: [String: String]) -> [String: String] {
+        var metadata = extra
+        metadata["peer.address"] = session.origin.address
+        if let peer = session.peer { metadata["peer.id"] = peer.replicaID.shortDescription }
+        return metadata
+    }
+}
