@@ -82,13 +82,20 @@ public struct CausalContext: Hashable, Sendable {
     ///
     /// - Complexity: O(1) on average, plus O(dots moved from the cloud to the vector).
     public mutating func insert(_ dot: Dot) {
+        insert(dot) { _, _, _ in }
+    }
+
+    /// `insert(_:)`, telling `cloudChanged` (replica, counter, added) of every cloud dot it adds
+    /// or removes; version vector changes are the caller's to compare.
+    @inline(__always)
+    mutating func insert(_ dot: Dot, cloudChanged: (ReplicaID, UInt64, Bool) -> Void) {
         let current = versionVector[dot.replica] ?? 0
         if dot.counter <= current { return }
         if dot.counter == current + 1 {  // no overflow: dot.counter > current
             versionVector[dot.replica] = dot.counter
-            compact(dot.replica, coveredFrom: dot.counter)
-        } else {
-            dotCloud[dot.replica, default: []].insert(dot.counter)
+            compact(dot.replica, coveredFrom: dot.counter, cloudChanged: cloudChanged)
+        } else if dotCloud[dot.replica, default: []].insert(dot.counter).inserted {
+            cloudChanged(dot.replica, dot.counter, true)
         }
     }
 
@@ -97,14 +104,22 @@ public struct CausalContext: Hashable, Sendable {
     /// - Complexity: O(size of `other`) plus O(dots that move from the cloud to the vector);
     ///   a vector entry of `other` that jumps past cloud dots here costs O(min(jump, cloud)).
     public mutating func merge(_ other: CausalContext) {
+        merge(other) { _, _, _ in }
+    }
+
+    /// `merge(_:)`, telling `cloudChanged` (replica, counter, added) of every cloud dot it adds
+    /// or removes, so that a digest over the cloud can follow in O(changes), not O(cloud).
+    /// Version vector changes are the caller's to compare (only replicas of `other` change).
+    @inline(__always)
+    mutating func merge(_ other: CausalContext, cloudChanged: (ReplicaID, UInt64, Bool) -> Void) {
         for (replica, counter) in other.versionVector {
             let current = versionVector[replica] ?? 0
             guard counter > current else { continue }
             versionVector[replica] = counter
-            compact(replica, coveredFrom: current + 1)
+            compact(replica, coveredFrom: current + 1, cloudChanged: cloudChanged)
         }
         for (replica, counters) in other.dotCloud {
-            for counter in counters { insert(Dot(replica: replica, counter: counter)) }
+            for counter in counters { insert(Dot(replica: replica, counter: counter), cloudChanged: cloudChanged) }
         }
     }
 
@@ -198,17 +213,26 @@ public struct CausalContext: Hashable, Sendable {
     /// dropped (visiting whichever is smaller, the range or the cloud), then dots that continue
     /// the vector move into it one by one.
     private mutating func compact(_ replica: ReplicaID, coveredFrom start: UInt64) {
+        compact(replica, coveredFrom: start) { _, _, _ in }
+    }
+
+    @inline(__always)
+    private mutating func compact(_ replica: ReplicaID, coveredFrom start: UInt64, cloudChanged: (ReplicaID, UInt64, Bool) -> Void) {
         // Take the set out of the dictionary so it is uniquely referenced and changes in place.
         guard var cloud = dotCloud.removeValue(forKey: replica) else { return }
         var top = versionVector[replica] ?? 0
         if start <= top {
             if top - start < UInt64(cloud.count) {
-                for counter in start...top { cloud.remove(counter) }
+                for counter in start...top where cloud.remove(counter) != nil { cloudChanged(replica, counter, false) }
             } else {
+                for counter in cloud where counter <= top { cloudChanged(replica, counter, false) }
                 cloud = cloud.filter { $0 > top }
             }
         }
-        while top < UInt64.max, cloud.remove(top + 1) != nil { top += 1 }
+        while top < UInt64.max, cloud.remove(top + 1) != nil {
+            top += 1
+            cloudChanged(replica, top, false)
+        }
         if top > 0 { versionVector[replica] = top }
         if !cloud.isEmpty { dotCloud[replica] = cloud }
     }

@@ -269,11 +269,26 @@ public struct RecordMap: Sendable {
             context.merge(other)
             return
         }
-        var touched = Array(other.versionVector.keys)
-        for replica in other.dotCloud.keys where other.versionVector[replica] == nil { touched.append(replica) }
-        for replica in touched { maintainedDigest!.remove(Self.contextHash(context, replica)) }
-        context.merge(other)
-        for replica in touched { maintainedDigest!.add(Self.contextHash(context, replica)) }
+        // O(what changes), not O(cloud): a delta accumulating one replica's writes keeps them
+        // all in its cloud, and rehashing it per merge made building one quadratic.
+        // Vector entries change only for replicas `other` names, in its vector or its cloud (a
+        // cloud dot right after our entry extends it).
+        var vectorBefore = other.versionVector.keys.map { ($0, context.versionVector[$0]) }
+        for replica in other.dotCloud.keys where other.versionVector[replica] == nil {
+            vectorBefore.append((replica, context.versionVector[replica]))
+        }
+        var digest = maintainedDigest!
+        context.merge(other) { replica, counter, added in
+            let element = Self.contextEntryHash(replica, counter, inCloud: true)
+            if added { digest.add(element) } else { digest.remove(element) }
+        }
+        for (replica, before) in vectorBefore {
+            let after = context.versionVector[replica]
+            guard after != before else { continue }
+            if let before { digest.remove(Self.contextEntryHash(replica, before, inCloud: false)) }
+            if let after { digest.add(Self.contextEntryHash(replica, after, inCloud: false)) }
+        }
+        maintainedDigest = digest
     }
 
     // MARK: - Anti-entropy
@@ -289,6 +304,9 @@ public struct RecordMap: Sendable {
     ///   O(what the peer lacks + replicas).
     public func delta(missingFrom peer: CausalContext) -> RecordMap {
         if peer.isEmpty { return self }  // a new peer lacks everything: share the state, copy nothing
+        // Nor does a peer that has seen no event of any writer here (a new device holding only
+        // its own roster entries): every register and presence entry here is news to it.
+        if peer.replicas.isDisjoint(with: context.replicas) { return self }
         if let dotIndex, !dotIndex.overflowed { return indexedDelta(missingFrom: peer, index: dotIndex) }
         return deltaByFullWalk(missingFrom: peer)
     }
@@ -352,14 +370,17 @@ public struct RecordMap: Sendable {
     /// One replica's part of the context: its vector entry and cloud dots, as one element.
     static func contextHash(_ context: CausalContext, _ replica: ReplicaID) -> (UInt64, UInt64) {
         var sum = StateDigest()
-        context.forEachEntry(of: replica) { counter, inCloud in
-            var h = StableHasher()
-            h.combine(UInt8(inCloud ? 4 : 3))
-            h.combine(replica)
-            h.combine(counter)
-            sum.add(h.finalize())
-        }
+        context.forEachEntry(of: replica) { counter, inCloud in sum.add(contextEntryHash(replica, counter, inCloud: inCloud)) }
         return (sum.high, sum.low)
+    }
+
+    /// One entry of the context: a version vector entry (kind 3) or a cloud dot (kind 4).
+    static func contextEntryHash(_ replica: ReplicaID, _ counter: UInt64, inCloud: Bool) -> (UInt64, UInt64) {
+        var h = StableHasher()
+        h.combine(UInt8(inCloud ? 4 : 3))
+        h.combine(replica)
+        h.combine(counter)
+        return h.finalize()
     }
 }
 
