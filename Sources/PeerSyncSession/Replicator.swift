@@ -145,7 +145,7 @@ public actor Replicator {
     }
 
     /// The next bytes to write for session `id`, up to about `budget` (nil: nothing now).
-    func nextBatch(_ id: SessionID, budget: Int = 1 << 20) -> OutboundBatch? {
+    func nextBatch(_ id: SessionID, budget: Int = 64 << 10) -> OutboundBatch? {
         let (batch, actions) = core.nextBatch(id, budget: budget, now: .now, state: storage.snapshot())
         perform(actions)
         return batch

@@ -95,24 +95,35 @@ struct CatchUpRound {
     mutating func plan(limit: Int, dictionary: WireDictionary) {
         // System collections (names starting with "_", e.g. the roster) go first, so entries
         // that authorise later ones arrive before them.
-        let records = source.allRecords.sorted { ($0.0.collection.hasPrefix("_") ? 0 : 1) < ($1.0.collection.hasPrefix("_") ? 0 : 1) }
+        // By collection, not by record: O(records), where sorting every record cost more than
+        // encoding it (sync-initial, 10k records: 214 ms to the first chunk).
+        let system = source.collections.keys.filter { $0.hasPrefix("_") }.sorted()
+        let others = source.collections.keys.filter { !$0.hasPrefix("_") }.sorted()
         let budget = limit - WireDelta.chunkOverheadBound - WireDelta.contextSizeBound(context, with: dictionary)
         var alone = Set<Int>()
-        for (key, state) in records {
-            let bound = WireDelta.encodedSizeBound(of: key, state, with: dictionary)
-            if bound <= budget {
-                items.append((key, state))
-                continue
-            }
-            for part in split(key, state, budget: budget, dictionary: dictionary) {
-                alone.insert(items.count)
-                items.append((key, part))
+        var bounds: [Int] = []
+        items.reserveCapacity(source.recordCount)
+        bounds.reserveCapacity(source.recordCount)
+        for collection in system + others {
+            for (id, state) in source.collections[collection]! {
+                let key = RecordKey(collection: collection, id: id)
+                let bound = WireDelta.encodedSizeBound(of: key, state, with: dictionary)
+                if bound <= budget {
+                    items.append((key, state))
+                    bounds.append(bound)
+                    continue
+                }
+                for part in split(key, state, budget: budget, dictionary: dictionary) {
+                    alone.insert(items.count)
+                    items.append((key, part))
+                    bounds.append(WireDelta.encodedSizeBound(of: key, part, with: dictionary))
+                }
             }
         }
         var start = 0
         var size = 0
-        for (index, (key, state)) in items.enumerated() {
-            let bound = WireDelta.encodedSizeBound(of: key, state, with: dictionary)
+        for index in items.indices {
+            let bound = bounds[index]
             if index > start && (size + bound > budget || alone.contains(index) || alone.contains(index - 1)) {
                 cuts.append(start..<index)
                 start = index
