@@ -214,6 +214,9 @@ struct DevicesTests {
         let identity = LocalIdentity(key: key, groupID: member.replica.groupID)
         for (bytes, recordID) in [(forged.bytes, forged.id.uuid), (broken, UUID())] {
             for target in [admin, other] {
+                // The three may still be converging (each one's own roster entries travel last):
+                // take `before` once they agree, so only the forged frame could change it.
+                #expect(await eventually { Set([admin, member, other].map { $0.replica.state.digest }).count == 1 })
                 let before = target.replica.state.digest
                 let replica = ReplicaID.random()
                 var map = RecordMap()

@@ -62,14 +62,18 @@ struct UpgradeTests {
         #expect(a.groupID == LegacyGroupKey(groupSecret: secret.bytes).groupID && b.groupID == a.groupID)
         #expect(a.role == .admin && b.role == .admin)
 
-        let port = try await a.startSync(SyncConfiguration(security: .tls, listen: .loopback(0)))
-        try await b.startSync(SyncConfiguration(security: .tls, listen: .loopback(0), peers: [.loopback(port)]))
+        // A handshake timeout far beyond `eventually`'s 60 s: if either side held back its
+        // enrolment, its sessions would wait in "joining" and the digests would never meet in
+        // time. (A log-line check here failed on a loaded 2-core CI machine, where a session can
+        // legitimately outlive a 10 s timeout before the peer's join is even read.)
+        var timing = SyncTiming()
+        timing.handshakeTimeout = .seconds(600)
+        let port = try await a.startSync(SyncConfiguration(security: .tls, listen: .loopback(0), timing: timing))
+        try await b.startSync(SyncConfiguration(security: .tls, listen: .loopback(0), peers: [.loopback(port)], timing: timing))
         #expect(await eventually { a.state.digest == b.state.digest })
         #expect(try data(a.state) == data(b.state))
         #expect(Set(try data(a.state).shiftTypes).isSuperset(of: before.0.shiftTypes + before.1.shiftTypes) || before.0.shiftTypes.isEmpty)
         #expect(a.roster().activeDevices.count == 2)
-        // Each presented its enrolment at once: no session waited out the admission timeout.
-        #expect(!lines.all.contains { $0.contains("no admission within") }, "\(lines.all.filter { $0.contains("admission") })")
         // An admin closes the group to the old secret once everyone has upgraded.
         try await a.closeLegacyEnrolment()
         #expect(await eventually { b.roster().isLegacyEnrolmentClosed })
