@@ -74,6 +74,12 @@ enum ConvergenceBenchmarks {
                     await a.stop(); await b.stop()
                     throw BenchmarkFailure("w2 (\(transfer.label)): no session")
                 }
+                // The first exchange (each side's own roster entries) is over before the stream
+                // starts: on a loaded machine it otherwise lands in the first measured updates.
+                guard await waitUntil(.seconds(30), { allEqual([a, b]) }) else {
+                    await a.stop(); await b.stop()
+                    throw BenchmarkFailure("w2 (\(transfer.label)): the first exchange did not finish")
+                }
                 let tracker = VisibilityTracker()
                 let store = b.store
                 let watcher = Task {

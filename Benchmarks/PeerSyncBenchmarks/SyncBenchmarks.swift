@@ -95,29 +95,51 @@ enum SyncBenchmarks {
     /// A fresh peer receives the full state: from connect to every chunk committed.
     static let initialSync = Benchmark(name: "sync-initial") { quick in
         var metrics: [String: Double] = [:]
-        for records in quick ? [500] : [10_000, 100_000] {
+        // PEERSYNC_BENCH_RECORDS=N runs one size only (for profiling).
+        let sizes = ProcessInfo.processInfo.environment["PEERSYNC_BENCH_RECORDS"].flatMap(Int.init).map { [$0] }
+        for records in sizes ?? (quick ? [500] : [10_000, 100_000]) {
             let secret = BenchGroup()
             var a = try BenchNode("a", secret: secret)
             var b = try BenchNode("b", secret: secret)
             try fill(a.store, records: records, seed: 2)
             try await a.start()
             try await b.start()
+            // What a's extraction for b costs alone (b's context: its own roster entries).
+            let bContext = b.store.state.context
+            let aState = a.store.state
+            metrics["\(records)_extract_ms"] = milliseconds(ContinuousClock().measure { _ = aState.delta(missingFrom: bContext) })
+            // Where the time goes: connect → first chunk in → last chunk in → committed.
+            let marks = Locked<(connected: ContinuousClock.Instant?, first: ContinuousClock.Instant?, last: ContinuousClock.Instant?)>((nil, nil, nil))
             let events = b.node.events()
+            let watcher = Task {
+                for await event in events {
+                    let now = ContinuousClock.now
+                    if case .peerConnected = event { marks.withLock { $0.connected = $0.connected ?? now } }
+                    guard case .catchUpProgress(_, let chunk, let chunks, _) = event else { continue }
+                    marks.withLock { if $0.first == nil { $0.first = now }; if chunk == chunks { $0.last = now } }
+                }
+            }
+            defer { watcher.cancel() }
             let start = ContinuousClock.now
             await b.node.addPeer(.loopback(a.port))
-            for await event in events {
-                if case .catchUpProgress(_, let chunk, let chunks, _) = event, chunk == chunks { break }
-            }
-            // The last chunk is in; its commit may still be under way (group commit). Everything
-            // of a's must be in b's store (b's own roster entries make the digests differ until
-            // they reach a as well).
+            // Done when everything of a's is committed in b's store (b's own roster entries make
+            // the digests differ until they reach a as well).
             let target = a.store.state.context
-            let deadline = ContinuousClock.now + .seconds(60)
-            while !b.store.state.context.includes(target), ContinuousClock.now < deadline { try? await Task.sleep(for: .milliseconds(1)) }
+            let done = await waitUntil(.seconds(120)) { b.store.state.context.includes(target) }
             let elapsed = milliseconds(ContinuousClock.now - start)
-            precondition(b.store.state.context.includes(target), "fresh peer did not get everything")
+            guard done else {
+                let have = b.store.state.records.records(in: ShiftType.collection).count
+                await a.stop(); await b.stop()
+                throw BenchmarkFailure("sync-initial \(records): the fresh peer has \(have) of \(records) records after 120 s")
+            }
             let traffic = await b.node.traffic()
             metrics["\(records)_ms"] = elapsed
+            let (connected, first, last) = marks.withLock { $0 }
+            if let connected { metrics["\(records)_connected_ms"] = milliseconds(connected - start) }
+            if let first, let last {
+                metrics["\(records)_first_chunk_ms"] = milliseconds(first - start)
+                metrics["\(records)_last_chunk_ms"] = milliseconds(last - start)
+            }
             metrics["\(records)_wire_bytes_per_record"] = Double(traffic.bytesReceived) / Double(records)
             await a.stop()
             await b.stop()
