@@ -524,12 +524,11 @@ public final class ReplicaStore: Sendable {
             // writing them twice would double the cost of a catch-up, and readers rarely need them.
             let journaled: RecordMap? = records > Self.largestJournaledRecords ? nil
                 : deltas.count == 1 ? deltas[0] : deltas.reduce(into: RecordMap.empty()) { $0.merge($1) }
-            var row = JournalRow(
-                committedAt: Int64(clamping: physicalClock()), origin: origin,
-                summary: journaled.map(Self.summary(of:)) ?? "\(records) records",
-                delta: journaled.map { Data($0.encoded()) })
-            try row.insert(db)
-            position = row.seq ?? position
+            try db.cachedStatement(sql: "INSERT INTO journal (committedAt, origin, summary, delta) VALUES (?, ?, ?, ?)").execute(arguments: [
+                Int64(clamping: physicalClock()), origin, journaled.map(Self.summary(of:)) ?? "\(records) records",
+                journaled.map { Data($0.encoded()) },
+            ])
+            position = db.lastInsertedRowID
             // Retention, whichever process commits: each entry whose number is a multiple of
             // pruneInterval drops the entries journalLength behind it (an indexed range delete
             // on the rowid). Numbers grow by one per commit, so the journal never holds more
@@ -563,7 +562,10 @@ public final class ReplicaStore: Sendable {
     /// Joins journal entries after `position` into `state`. An entry without a delta, or a gap
     /// left by pruning, makes it reload the whole state instead.
     private func catchUp(_ db: Database, _ state: inout ReplicaState, _ position: inout Int64) throws -> [StoreChange] {
-        let rows = try JournalRow.filter(JournalRow.Columns.seq > position).order(JournalRow.Columns.seq).fetchAll(db)
+        // A cached statement: this runs in every transaction, and building the query through
+        // the query interface cost more than the rest of a one-field commit's bookkeeping.
+        let rows = try JournalRow.fetchAll(db.cachedStatement(sql: "SELECT * FROM journal WHERE seq > ? ORDER BY seq"),
+                                           arguments: [position])
         guard let first = rows.first else { return [] }
         var changes: [StoreChange] = []
         if first.seq! > position + 1 && position > 0 || rows.contains(where: { $0.delta == nil }) {
