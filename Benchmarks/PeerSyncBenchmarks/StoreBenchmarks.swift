@@ -39,7 +39,7 @@ enum StoreBenchmarks {
                       metrics: ["median_ms": samples[samples.count / 2], "bytes_on_disk_per_record": bytesPerRecord])
     }
 
-    /// Latency of one local edit: encode, one IMMEDIATE transaction, fsync (synchronous=FULL in WAL).
+    /// Latency of one local edit: encode, one IMMEDIATE transaction, fdatasync of the WAL (our own, after the commit).
     static let editCommit = Benchmark(name: "store-edit") { quick in
         let edits = quick ? 50 : 2_000
         let dir = temporaryStoreDirectory()
