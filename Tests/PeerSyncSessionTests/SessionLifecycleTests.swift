@@ -45,6 +45,9 @@ struct SessionLifecycleTests {
             return await eventually { await a.node.traffic().framesReceived >= start + n }
         }
         #expect(await eventually { allConverged([a, b]) })
+        // Drops from here on are the clock's doing. (Before the session was up, a loaded CI
+        // machine once let a first handshake outlive the 10 s timeout; the redial made it.)
+        let (earlierA, earlierB) = (dropsA.all.count, dropsB.all.count)
         // An hour back: a's HLC does not go back; its writes still reach b and still win.
         offset.store(-3_600_000, ordering: .relaxed)
         #expect(await keepaliveRoundsPass(3))
@@ -60,8 +63,8 @@ struct SessionLifecycleTests {
         offset.store(0, ordering: .relaxed)
         #expect(await keepaliveRoundsPass(3))
         #expect(await eventually { allConverged([a, b]) })
-        #expect(dropsA.all.isEmpty, "\(dropsA.all)")
-        #expect(dropsB.all.isEmpty, "\(dropsB.all)")
+        #expect(dropsA.all.count == earlierA, "\(dropsA.all)")
+        #expect(dropsB.all.count == earlierB, "\(dropsB.all)")
         #expect(await a.node.peers().count == 1)
     }
 

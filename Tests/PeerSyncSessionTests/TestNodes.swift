@@ -56,9 +56,13 @@ final class TestReplica: @unchecked Sendable {
                          wallClock: @escaping @Sendable () -> UInt64) throws -> SyncNode {
         var logger = Logger(label: "test.\(name)")
         logger.logLevel = ProcessInfo.processInfo.environment["PEERSYNC_TEST_LOG"] == nil ? .critical : .debug
+        // A handshake on a loaded 2-core CI machine has outlived the 10 s default; tests of the
+        // timeout itself set their own timing (NodeLimitsTests).
+        var timing = SyncTiming()
+        timing.handshakeTimeout = .seconds(60)
         return try SyncNode(
             storage: StoreSyncStorage(store), replicaID: store.replicaID, name: name, identity: identity,
-            configuration: SyncConfiguration(security: security, listen: .loopback(0), wallClock: wallClock),
+            configuration: SyncConfiguration(security: security, listen: .loopback(0), timing: timing, wallClock: wallClock),
             logger: logger)
     }
 
