@@ -1,0 +1,159 @@
+import Foundation
+import GRDB
+import PeerSyncCRDT
+import PeerSyncModel
+import Synchronization
+
+/// What a transaction writes (limits, rows, journal, retention) and how a state is read back
+/// (whole, or what other processes committed since): the SQLite half of ``ReplicaStore``.
+extension ReplicaStore {
+    /// Refuses (before anything is written) changes that break a bound of ``ValidationLimits``:
+    /// a delta built in memory with an over-limit value, or a join that would take the
+    /// replica's context past the replica or cloud-dot limit (its peers would refuse it).
+    static func checkLimits(_ deltas: [RecordMap], joinedInto state: ReplicaState) throws(LimitViolationError) {
+        for delta in deltas {
+            if let violation = delta.limitViolation { throw LimitViolationError(violation) }
+        }
+        if !deltas.isEmpty, let violation = state.context.limitViolation {
+            throw LimitViolationError("joining it would break a limit: \(violation)")
+        }
+    }
+
+    /// ``checkLimits(_:joinedInto:)`` against a context the deltas are not joined into yet.
+    static func checkLimits(_ deltas: [RecordMap], joinedInto context: CausalContext) throws(LimitViolationError) {
+        var joined = context
+        for delta in deltas {
+            if let violation = delta.limitViolation { throw LimitViolationError(violation) }
+            joined.merge(delta.context)
+        }
+        if let violation = joined.limitViolation {
+            throw LimitViolationError("joining it would break a limit: \(violation)")
+        }
+    }
+
+    func persist(
+        _ db: Database, state: ReplicaState, deltas: [RecordMap], localBefore: [String: FieldValue],
+        conflicts: [ConflictEntry], origin: String, position: inout Int64
+    ) throws {
+        if !deltas.isEmpty {
+            let upsert = try db.cachedStatement(sql: """
+                INSERT INTO record (collection, id, visible, state) VALUES (?, ?, ?, ?)
+                ON CONFLICT (collection, id) DO UPDATE SET visible = excluded.visible, state = excluded.state
+                """)
+            var records = 0
+            for delta in deltas {
+                records += delta.recordCount
+                for (collection, changed) in delta.collections {
+                    let stored = state.records.records(in: collection)
+                    for id in changed.keys {
+                        guard let record = stored[id] else { continue }
+                        try upsert.execute(arguments: [collection, id.data, record.isVisible, Data(record.encodedBlob())])
+                    }
+                }
+            }
+            try db.execute(sql: "UPDATE replica SET clock = ?, context = ?", arguments: [
+                Int64(bitPattern: state.clock.latest.rawValue), Data(state.context.encodedBlob()),
+            ])
+            // Big changes (catch-up batches) are journaled as "reload" markers: encoding and
+            // writing them twice would double the cost of a catch-up, and readers rarely need them.
+            let journaled: RecordMap? = records > Self.largestJournaledRecords ? nil
+                : deltas.count == 1 ? deltas[0] : deltas.reduce(into: RecordMap.empty()) { $0.merge($1) }
+            try db.cachedStatement(sql: "INSERT INTO journal (committedAt, origin, summary, delta) VALUES (?, ?, ?, ?)").execute(arguments: [
+                Int64(clamping: physicalClock()), origin, journaled.map(Self.summary(of:)) ?? "\(records) records",
+                journaled.map { Data($0.encoded()) },
+            ])
+            position = db.lastInsertedRowID
+            // Retention, whichever process commits: each entry whose number is a multiple of
+            // pruneInterval drops the entries journalLength behind it (an indexed range delete
+            // on the rowid). Numbers grow by one per commit, so the journal never holds more
+            // than journalLength + pruneInterval − 1 entries.
+            if position % Self.pruneInterval == 0 {
+                try db.execute(sql: "DELETE FROM journal WHERE seq <= ?", arguments: [position - Self.journalLength])
+            }
+        }
+        for (key, value) in state.localSettings where localBefore[key] != value {
+            try LocalSettingRow(key: key, value: Data(value.encoded)).upsert(db)
+        }
+        for key in localBefore.keys where state.localSettings[key] == nil {
+            _ = try LocalSettingRow.deleteOne(db, key: key)
+        }
+        if !conflicts.isEmpty {
+            let before = try Int64.fetchOne(db, sql: "SELECT seq FROM conflict ORDER BY seq DESC LIMIT 1") ?? 0
+            var last = before
+            for conflict in conflicts {
+                var row = ConflictRow(conflict)
+                try row.insert(db)
+                last = row.seq ?? last
+            }
+            // Same rule as the journal: crossing a multiple of pruneInterval keeps the newest
+            // defaultCapacity rows, so the table never holds more than that + pruneInterval − 1.
+            if before / Self.pruneInterval != last / Self.pruneInterval {
+                try db.execute(sql: "DELETE FROM conflict WHERE seq <= ?", arguments: [last - Int64(ConflictLog.defaultCapacity)])
+            }
+        }
+    }
+
+    /// Joins journal entries after `position` into `state`. An entry without a delta, or a gap
+    /// left by pruning, makes it reload the whole state instead.
+    func catchUp(_ db: Database, _ state: inout ReplicaState, _ position: inout Int64) throws -> [StoreChange] {
+        // A cached statement: this runs in every transaction, and building the query through
+        // the query interface cost more than the rest of a one-field commit's bookkeeping.
+        let rows = try JournalRow.fetchAll(db.cachedStatement(sql: "SELECT * FROM journal WHERE seq > ? ORDER BY seq"),
+                                           arguments: [position])
+        guard let first = rows.first else { return [] }
+        var changes: [StoreChange] = []
+        if first.seq! > position + 1 && position > 0 || rows.contains(where: { $0.delta == nil }) {
+            state = try Self.loadState(db, physicalClock: physicalClock, keeping: state.conflicts)
+            position = rows.last!.seq!
+            return [StoreChange(sequence: position, origin: "reload", delta: nil)]
+        }
+        for row in rows {
+            let delta = try RecordMap(decoding: Array(row.delta!))
+            state.apply(delta)
+            position = row.seq!
+            changes.append(StoreChange(sequence: position, origin: row.origin, delta: delta))
+        }
+        return changes
+    }
+
+    static func loadState(
+        _ db: Database, physicalClock: @escaping HybridLogicalClock.PhysicalClock, keeping conflicts: ConflictLog? = nil
+    ) throws -> ReplicaState {
+        guard let replica = try ReplicaRow.fetchOne(db) else {
+            throw BinaryDecodingError.invalid("replica row (missing)")
+        }
+        guard let replicaID = ReplicaID(hex: replica.replicaID) else {
+            throw BinaryDecodingError.invalid("replica ID \(replica.replicaID)")
+        }
+        let context = try CausalContext(blob: Array(replica.context))
+        var records: [(RecordKey, RecordState)] = []
+        let cursor = try Row.fetchCursor(db, sql: "SELECT collection, id, state FROM record")
+        while let row = try cursor.next() {
+            guard let id = UUID(data: row[1]) else { throw BinaryDecodingError.invalid("record ID") }
+            let blob: Data = row[2]
+            records.append((RecordKey(collection: row[0], id: id), try RecordState(blob: Array(blob))))
+        }
+        var localSettings: [String: FieldValue] = [:]
+        for row in try LocalSettingRow.fetchAll(db) {
+            localSettings[row.key] = try FieldValue(decoding: Array(row.value))
+        }
+        let log = try conflicts ?? ConflictLog(entries: ConflictRow.order(ConflictRow.Columns.seq.desc)
+            .limit(ConflictLog.defaultCapacity).fetchAll(db).reversed().map { try $0.entry() })
+        let clockFloor = HLCTimestamp(rawValue: UInt64(bitPattern: replica.clock))
+        guard ValidationLimits.isValidTimestamp(clockFloor) else {
+            throw BinaryDecodingError.invalid("replica clock \(clockFloor) (after the year 9999)")
+        }
+        return ReplicaState(
+            replicaID: replicaID, name: replica.name, records: RecordMap(records: records, context: context),
+            localSettings: localSettings, conflicts: log, clockFloor: clockFloor, physicalClock: physicalClock)
+    }
+
+    static func summary(of delta: RecordMap) -> String {
+        let records = delta.recordCount
+        if records == 1, let (key, state) = delta.allRecords.first {
+            if state.fields.isEmpty && state.presence.values.contains(where: { !$0.isLive }) { return "deleted \(key)" }
+            return "wrote \(key) \(state.fields.keys.sorted().joined(separator: ","))"
+        }
+        return "\(records) records, \(delta.fieldCount) fields"
+    }
+}

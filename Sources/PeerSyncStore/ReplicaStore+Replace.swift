@@ -1,0 +1,62 @@
+import Foundation
+import GRDB
+import PeerSyncCRDT
+import PeerSyncModel
+import Synchronization
+
+extension ReplicaStore {
+    /// Replaces the stored state of some records (nil or an empty state removes the record)
+    /// without changing the context, so nothing removed can come back as "missing": used to purge
+    /// what the roster refuses (a removed device's writes past its cutoff) and deleted records
+    /// every device has seen (compaction). `compute` sees the latest state (other processes'
+    /// commits joined) and returns the replacements. Other processes reload. Returns how many
+    /// records changed.
+    @discardableResult
+    public func replaceRecords(reason: String, _ compute: (ReplicaState) -> [RecordKey: RecordState?]) throws(StoreError) -> Int {
+        do {
+            let changed = try inner.withLock { inner in
+                var state = inner.state
+                var position = inner.position
+                var absorbed: [StoreChange] = []
+                let count = try run { db -> Int in
+                    absorbed = try catchUp(db, &state, &position)
+                    let replacements = compute(state)
+                    guard !replacements.isEmpty else { return 0 }
+                    let upsert = try db.cachedStatement(sql: """
+                        INSERT INTO record (collection, id, visible, state) VALUES (?, ?, ?, ?)
+                        ON CONFLICT (collection, id) DO UPDATE SET visible = excluded.visible, state = excluded.state
+                        """)
+                    let delete = try db.cachedStatement(sql: "DELETE FROM record WHERE collection = ? AND id = ?")
+                    var records = Dictionary(uniqueKeysWithValues: state.records.allRecords.map { ($0.0, $0.1) })
+                    for (key, replacement) in replacements {
+                        if let replacement, !(replacement.fields.isEmpty && replacement.presence.isEmpty) {
+                            try upsert.execute(arguments: [key.collection, key.id.data, replacement.isVisible, Data(replacement.encodedBlob())])
+                            records[key] = replacement
+                        } else {
+                            try delete.execute(arguments: [key.collection, key.id.data])
+                            records[key] = nil
+                        }
+                    }
+                    var marker = JournalRow(committedAt: Int64(physicalClock()), origin: "purge",
+                                            summary: "\(reason): \(replacements.count) records", delta: nil)
+                    try marker.insert(db)
+                    position = marker.seq ?? position
+                    state = ReplicaState(
+                        replicaID: state.replicaID, name: state.name, records: RecordMap(records: records.map { ($0.key, $0.value) }, context: state.context),
+                        localSettings: state.localSettings, conflicts: state.conflicts, clockFloor: state.clock.latest,
+                        physicalClock: physicalClock)
+                    return replacements.count
+                }
+                inner.state = state
+                inner.position = position
+                inner.absorbed += absorbed
+                commits.publish(state: state, absorbed: absorbed + [StoreChange(sequence: position, origin: "purge", delta: nil)], deltas: [])
+                return count
+            }
+            try flushToDisk()
+            return changed
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+}
