@@ -218,7 +218,7 @@ extension FieldValue {
         case .int(let v): hasher.combine(UInt64(bitPattern: v))
         case .double(let v): hasher.combine(v.bitPattern)
         case .string(let v): hasher.combine(v)
-        case .bytes(let v): hasher.combine(lengthPrefixed: v)
+        case .bytes(let v): v.withUnsafeBufferPointer { hasher.combine(lengthPrefixed: $0) }
         case .list(let items):
             hasher.combine(UInt64(items.count))
             for item in items { item.feed(into: &hasher) }

@@ -48,15 +48,15 @@ public struct StableHasher: Sendable {
     /// Feeds 8 bytes, little-endian.
     @inline(__always)
     public mutating func combine(_ word: UInt64) {
+        length &+= 8
         if tailCount == 0 {
             compress(word)
-            length &+= 8
         } else {
-            var w = word
-            for _ in 0..<8 {
-                combine(UInt8(truncatingIfNeeded: w))
-                w >>= 8
-            }
+            // The pending bytes and the word's low bytes make one message word; the word's
+            // high bytes become the new tail (the same stream as eight single bytes).
+            let shift = UInt64(tailCount) * 8
+            compress(tail | (word << shift))
+            tail = word >> (64 &- shift)
         }
     }
 
@@ -64,6 +64,21 @@ public struct StableHasher: Sendable {
     public mutating func combine<C: Collection>(lengthPrefixed bytes: C) where C.Element == UInt8 {
         combine(UInt64(bytes.count))
         for byte in bytes { combine(byte) }
+    }
+
+    /// Feeds a byte count and then the bytes, eight at a time where it can.
+    public mutating func combine(lengthPrefixed bytes: UnsafeBufferPointer<UInt8>) {
+        combine(UInt64(bytes.count))
+        var i = 0
+        let words = bytes.count / 8
+        if let base = bytes.baseAddress {
+            let raw = UnsafeRawPointer(base)
+            while i < words {
+                combine(UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: i &* 8, as: UInt64.self)))
+                i &+= 1
+            }
+        }
+        for byte in bytes[(words &* 8)...] { combine(byte) }
     }
 
     /// Feeds a string as its UTF-8 bytes, length-prefixed.
