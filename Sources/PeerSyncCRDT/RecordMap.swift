@@ -194,6 +194,10 @@ public struct RecordMap: Sendable {
     }
 
     private mutating func applyRecord(_ key: RecordKey, _ incoming: RecordState, into outcome: inout MergeOutcome) {
+        if collections[key.collection]?[key.id] == nil {
+            insertRecord(key, incoming, into: &outcome)
+            return
+        }
         let seenBefore = context
         var digest = maintainedDigest ?? .empty
         let maintaining = maintainedDigest != nil
@@ -203,6 +207,12 @@ public struct RecordMap: Sendable {
         var index = dotIndex
         dotIndex = nil  // uniquely referenced while it changes
         defer { dotIndex = index }
+        // The fields of one write share its dot: index it once, not once per field.
+        var lastIndexed: Dot?
+        func indexDot(_ dot: Dot) {
+            if dot != lastIndexed { index?.add(dot, key) }
+            lastIndexed = dot
+        }
         withRecord(key) { current in
             visibilityBefore = current.isVisible
             for (name, theirs) in incoming.fields {
@@ -214,7 +224,7 @@ public struct RecordMap: Sendable {
                             digest.add(Self.hash(key, name, theirs))
                         }
                         current.fields[name] = theirs
-                        index?.add(theirs.dot, key)
+                        indexDot(theirs.dot)
                         outcome.changedFieldCount += 1
                         recordChanged = true
                         if theirs.supersedes < ours.timestamp, theirs.value != ours.value {
@@ -226,7 +236,7 @@ public struct RecordMap: Sendable {
                 } else {
                     if maintaining { digest.add(Self.hash(key, name, theirs)) }
                     current.fields[name] = theirs
-                    index?.add(theirs.dot, key)
+                    indexDot(theirs.dot)
                     outcome.changedFieldCount += 1
                     recordChanged = true
                 }
@@ -252,6 +262,23 @@ public struct RecordMap: Sendable {
         if recordChanged || visibilityBefore != visibilityAfter {
             outcome.changedRecords.insert(key)
         }
+    }
+
+    /// ``applyRecord(_:_:into:)`` for a record this map does not hold: the join is the incoming
+    /// record itself (no element to compare, no conflict), taken whole instead of field by field.
+    private mutating func insertRecord(_ key: RecordKey, _ incoming: RecordState, into outcome: inout MergeOutcome) {
+        if incoming.isEmpty { return }
+        if var digest = maintainedDigest {
+            for (name, register) in incoming.fields { digest.add(Self.hash(key, name, register)) }
+            for (replica, entry) in incoming.presence { digest.add(Self.hash(key, replica, entry)) }
+            maintainedDigest = digest
+        }
+        for register in incoming.fields.values { outcome.maxTimestamp.merge(register.timestamp) }
+        outcome.changedFieldCount += incoming.fields.count
+        outcome.changedPresenceCount += incoming.presence.count
+        if !incoming.fields.isEmpty || incoming.isVisible { outcome.changedRecords.insert(key) }
+        dotIndex?.addAll(of: incoming, key)
+        collections[key.collection, default: [:]][key.id] = incoming
     }
 
     /// Mutates the record in place (no copy of the collection's dictionary).
