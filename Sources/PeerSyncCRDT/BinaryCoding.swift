@@ -34,12 +34,24 @@ struct ReplicaTableBuilder {
     private var index: [ReplicaID: UInt64] = [:]
 
     mutating func index(of id: ReplicaID) -> UInt64 {
-        if let i = index[id] { return i }
+        // A record's blob names one or two replicas: a scan beats hashing them. The dictionary
+        // takes over for long tables (contexts, whole states).
+        if ids.count <= Self.scanLimit {
+            if let i = ids.firstIndex(of: id) { return UInt64(i) }
+        } else if let i = index[id] {
+            return i
+        }
         let i = UInt64(ids.count)
         ids.append(id)
-        index[id] = i
+        if ids.count == Self.scanLimit + 1 {
+            for (j, known) in ids.enumerated() { index[known] = UInt64(j) }
+        } else if ids.count > Self.scanLimit + 1 {
+            index[id] = i
+        }
         return i
     }
+
+    private static let scanLimit = 8
 }
 
 struct BlobWriter {
@@ -47,6 +59,26 @@ struct BlobWriter {
     var table = ReplicaTableBuilder()
 
     init() { body.reserveCapacity(128) }
+
+    /// A writer whose replica table is known in advance (`ids`, in order of use), written at
+    /// the start of `body`; ``finishWithTableFirst()`` then returns the blob without a copy.
+    init(table ids: [ReplicaID]) {
+        body.reserveCapacity(1 + ids.count * 16 + 256)
+        Varint.append(UInt64(ids.count), to: &body)
+        for id in ids {
+            _ = table.index(of: id)
+            id.appendBigEndianBytes(to: &body)
+        }
+        tableFirst = ids.count
+    }
+
+    private var tableFirst: Int?
+
+    /// The blob of a writer made with ``init(table:)``.
+    func finishWithTableFirst() -> [UInt8] {
+        precondition(tableFirst == table.ids.count, "a replica outside the table given in advance")
+        return body
+    }
 
     mutating func replica(_ id: ReplicaID) {
         Varint.append(table.index(of: id), to: &body)
@@ -163,10 +195,17 @@ extension RecordState {
     /// ```
     /// `base` is the smallest field timestamp, so fields written together cost one byte each.
     func encode(into w: inout BlobWriter) {
-        let base = fields.values.map(\.timestamp.rawValue).min() ?? 0
+        encode(into: &w, fields: fields.sorted(by: { $0.key < $1.key }), presence: presence.sorted(by: { $0.key < $1.key }))
+    }
+
+    /// ``encode(into:)`` with the fields and presence entries already in their encoding order.
+    private func encode(
+        into w: inout BlobWriter, fields: [(key: String, value: FieldRegister)], presence: [(key: ReplicaID, value: PresenceEntry)]
+    ) {
+        let base = fields.map(\.value.timestamp.rawValue).min() ?? 0
         w.varint(base)
         w.varint(UInt64(fields.count))
-        for (name, register) in fields.sorted(by: { $0.key < $1.key }) {
+        for (name, register) in fields {
             w.string(name)
             register.value.encode(into: &w.body)
             w.varint(register.timestamp.rawValue &- base)
@@ -175,7 +214,7 @@ extension RecordState {
             w.varint(register.supersedes == .zero ? 0 : register.timestamp.rawValue &- register.supersedes.rawValue)
         }
         w.varint(UInt64(presence.count))
-        for (replica, entry) in presence.sorted(by: { $0.key < $1.key }) {
+        for (replica, entry) in presence {
             w.replica(replica)
             w.varint(entry.counter)
             if let removedBy = entry.removedBy {
@@ -229,9 +268,21 @@ extension RecordState {
 
     /// The record as one self-contained blob (the store keeps one per record).
     public func encodedBlob() -> [UInt8] {
-        var w = BlobWriter()
-        encode(into: &w)
-        return w.finish()
+        // The replica table precedes the body but lists replicas in their order of use in it:
+        // found first, it is written up front and the body follows in the same buffer (a
+        // store writes one blob per record changed; a fresh peer's catch-up, 10⁴–10⁵ of them).
+        let fields = fields.sorted(by: { $0.key < $1.key })
+        let presence = presence.sorted(by: { $0.key < $1.key })
+        var replicas: [ReplicaID] = []
+        func use(_ replica: ReplicaID) { if !replicas.contains(replica) { replicas.append(replica) } }
+        for (_, register) in fields { use(register.dot.replica) }
+        for (replica, entry) in presence {
+            use(replica)
+            if let removedBy = entry.removedBy { use(removedBy.replica) }
+        }
+        var w = BlobWriter(table: replicas)
+        encode(into: &w, fields: fields, presence: presence)
+        return w.finishWithTableFirst()
     }
 
     public init(blob: [UInt8]) throws(BinaryDecodingError) {

@@ -44,8 +44,7 @@ public struct ReplicaID: Hashable, Comparable, Sendable, CustomStringConvertible
 
     /// Appends ``bigEndianBytes`` to `out`.
     public func appendBigEndianBytes(to out: inout [UInt8]) {
-        for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: high >> UInt64(shift))) }
-        for shift in stride(from: 56, through: 0, by: -8) { out.append(UInt8(truncatingIfNeeded: low >> UInt64(shift))) }
+        withUnsafeBytes(of: (high.bigEndian, low.bigEndian)) { out.append(contentsOf: $0) }
     }
 
     /// Reads the 16-byte form; nil unless `bytes` holds exactly 16 bytes.
