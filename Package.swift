@@ -32,6 +32,7 @@ let package = Package(
         .target(
             name: "PeerSyncStore",
             dependencies: ["PeerSyncCRDT", "PeerSyncModel", .product(name: "GRDB", package: "GRDB.swift"),
+                           .product(name: "GRDBSQLite", package: "GRDB.swift"),
                            .product(name: "Crypto", package: "swift-crypto")]
         ),
         // DNS-SD C API; on Linux Avahi's Bonjour compatibility library (on Apple platforms: the system's dnssd).

@@ -10,16 +10,16 @@ extension ReplicaStore {
     /// Refuses (before anything is written) changes that break a bound of ``ValidationLimits``:
     /// a delta built in memory with an over-limit value, or a join that would take the
     /// replica's context past the replica or cloud-dot limit (its peers would refuse it).
-    static func checkLimits(_ deltas: [RecordMap], joinedInto state: ReplicaState) throws(LimitViolationError) {
+    static func checkLimits(_ deltas: [RecordMap], joinedInto state: ReplicaState, changed: Bool) throws(LimitViolationError) {
         for delta in deltas {
             if let violation = delta.limitViolation { throw LimitViolationError(violation) }
         }
-        if !deltas.isEmpty, let violation = state.context.limitViolation {
+        if changed, let violation = state.context.limitViolation {
             throw LimitViolationError("joining it would break a limit: \(violation)")
         }
     }
 
-    /// ``checkLimits(_:joinedInto:)`` against a context the deltas are not joined into yet.
+    /// ``checkLimits(_:joinedInto:changed:)`` against a context the deltas are not joined into yet.
     static func checkLimits(_ deltas: [RecordMap], joinedInto context: CausalContext) throws(LimitViolationError) {
         var joined = context
         for delta in deltas {
@@ -36,20 +36,26 @@ extension ReplicaStore {
         conflicts: [ConflictEntry], origin: String, position: inout Int64
     ) throws {
         if !deltas.isEmpty {
-            let upsert = try db.cachedStatement(sql: """
-                INSERT INTO record (collection, id, visible, state) VALUES (?, ?, ?, ?)
-                ON CONFLICT (collection, id) DO UPDATE SET visible = excluded.visible, state = excluded.state
-                """)
+            let rows = try RecordRowWriter(db)
             var records = 0
+            var keys: [RecordKey] = []
             for delta in deltas {
                 records += delta.recordCount
                 for (collection, changed) in delta.collections {
-                    let stored = state.records.records(in: collection)
-                    for id in changed.keys {
-                        guard let record = stored[id] else { continue }
-                        try upsert.execute(arguments: [collection, id.data, record.isVisible, Data(record.encodedBlob())])
-                    }
+                    for id in changed.keys { keys.append(RecordKey(collection: collection, id: id)) }
                 }
+            }
+            // In the table's key order when many: a fresh peer's catch-up (many chunks, one
+            // commit) then appends to the B-tree instead of splitting pages at random, and the
+            // pages end up full. A record in several deltas is written once.
+            if deltas.count > 1 || keys.count > 64 {
+                keys.sort(by: RecordKey.precedesInTableOrder)
+            }
+            var previous: RecordKey?
+            for key in keys where key != previous {
+                previous = key
+                guard let record = state.records.record(key) else { continue }
+                try rows.upsert(collection: key.collection, id: key.id, visible: record.isVisible, state: record.encodedBlob())
             }
             try db.execute(sql: "UPDATE replica SET clock = ?, context = ?", arguments: [
                 Int64(bitPattern: state.clock.latest.rawValue), Data(state.context.encodedBlob()),

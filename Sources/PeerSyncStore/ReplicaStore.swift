@@ -251,7 +251,7 @@ public final class ReplicaStore: Sendable {
             // O(delta + context), not a rollback and a reload of the state. (The transaction
             // checks again, against whatever other processes committed meanwhile.)
             try Self.checkLimits(deltas, joinedInto: inner.withLock { $0.state.context })
-            return try transaction(origin: origin) { state in
+            return try transaction(origin: origin, deltasChecked: true) { state in
                 let before = state.context
                 let outcomes = deltas.map { state.apply($0) }
                 let changed = outcomes.contains { !$0.isEmpty } || state.context != before
@@ -366,16 +366,18 @@ public final class ReplicaStore: Sendable {
 
     /// The shape of every state change: catch up, mutate a copy, persist what the delta touched,
     /// commit, and only then publish the new state.
+    /// `deltasChecked`: the caller already checked each delta's own limits (only the joined
+    /// context is checked again, against whatever other processes committed meanwhile).
     private func transaction<T: Sendable>(
-        origin: String, _ body: (inout ReplicaState) throws -> (T, [RecordMap])
+        origin: String, deltasChecked: Bool = false, _ body: (inout ReplicaState) throws -> (T, [RecordMap])
     ) throws -> T {
-        let result = try committing(origin: origin, body)
+        let result = try committing(origin: origin, deltasChecked: deltasChecked, body)
         try flushToDisk()  // outside the lock: readers see the committed state meanwhile
         return result
     }
 
     private func committing<T: Sendable>(
-        origin: String, _ body: (inout ReplicaState) throws -> (T, [RecordMap])
+        origin: String, deltasChecked: Bool, _ body: (inout ReplicaState) throws -> (T, [RecordMap])
     ) throws -> T {
         try inner.withLock { inner in
             // Take the state out so it is uniquely referenced: mutating it then costs nothing
@@ -393,7 +395,7 @@ public final class ReplicaStore: Sendable {
                     let localBefore = state.localSettings
                     let (result, deltas) = try body(&state)
                     try state.throwIfLocalChangeFailed()
-                    try Self.checkLimits(deltas, joinedInto: state)
+                    try Self.checkLimits(deltasChecked ? [] : deltas, joinedInto: state, changed: !deltas.isEmpty)
                     committed = deltas
                     let newConflicts = state.conflicts.entries.suffix(min(state.conflicts.totalRecorded - conflictsBefore,
                                                                           state.conflicts.entries.count))

@@ -102,9 +102,33 @@ struct JournalRow: Codable, FetchableRecord, MutablePersistableRecord {
 extension UUID {
     var data: Data { withUnsafeBytes(of: uuid) { Data($0) } }
 
+    /// The order SQLite gives ``data`` as a BLOB (bytewise, as `memcmp`).
+    static func precedesInBlobOrder(_ a: UUID, _ b: UUID) -> Bool {
+        let (a0, a1) = a.bigEndianWords
+        let (b0, b1) = b.bigEndianWords
+        return a0 != b0 ? a0 < b0 : a1 < b1
+    }
+
+    /// The 16 bytes as two big-endian words: comparing them compares the bytes in order.
+    private var bigEndianWords: (UInt64, UInt64) {
+        withUnsafeBytes(of: uuid) { raw in
+            (UInt64(bigEndian: raw.loadUnaligned(fromByteOffset: 0, as: UInt64.self)),
+             UInt64(bigEndian: raw.loadUnaligned(fromByteOffset: 8, as: UInt64.self)))
+        }
+    }
+
     init?(data: Data) {
         guard data.count == 16 else { return nil }
         let b = Array(data)
         self.init(uuid: (b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]))
+    }
+}
+
+extension RecordKey {
+    /// The order of the `record` table's primary key `(collection, id)`: collection names as
+    /// SQLite's BINARY collation compares them (UTF-8 bytes), then IDs as BLOBs.
+    static func precedesInTableOrder(_ a: RecordKey, _ b: RecordKey) -> Bool {
+        if a.collection != b.collection { return a.collection.utf8.lexicographicallyPrecedes(b.collection.utf8) }
+        return UUID.precedesInBlobOrder(a.id, b.id)
     }
 }
