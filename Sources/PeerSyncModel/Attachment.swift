@@ -142,6 +142,17 @@ public struct Attachment: Hashable, Sendable, Codable {
         return found
     }
 
+    /// Adds every attachment referenced in `record`'s current field values to `found`, without
+    /// building its values dictionary (a node's first session scans every record held).
+    public static func collectReferenced(in record: RecordState, into found: inout Set<Attachment>) {
+        for register in record.fields.values {
+            switch register.value {
+            case .map, .list: collect(register.value, into: &found)
+            default: continue
+            }
+        }
+    }
+
     private static func collect(_ value: FieldValue, into found: inout Set<Attachment>) {
         switch value {
         case .map(let map):

@@ -112,8 +112,8 @@ extension ReplicationCore {
         if !attachmentState.scanned {
             attachmentState.scanned = true
             var found: Set<Attachment> = []
-            for (_, record) in state.records.allRecords where record.isVisible {
-                found.formUnion(Attachment.referenced(in: record.values))
+            for records in state.records.collections.values {
+                for record in records.values where record.isVisible { Attachment.collectReferenced(in: record, into: &found) }
             }
             actions += check(found)
         }
@@ -141,7 +141,7 @@ extension ReplicationCore {
         var found: Set<Attachment> = []
         for key in keys {
             guard let record = state.records.record(key), record.isVisible else { continue }
-            found.formUnion(Attachment.referenced(in: record.values))
+            Attachment.collectReferenced(in: record, into: &found)
         }
         return check(found)
     }
