@@ -16,7 +16,7 @@ public struct RecordMap: Sendable {
     /// collection → record ID → state. Never holds empty collections or empty records.
     public internal(set) var collections: [String: [UUID: RecordState]]
     /// Every dot this state has seen.
-    public private(set) var context: CausalContext
+    public internal(set) var context: CausalContext
     /// The incrementally maintained digest, or nil for deltas and extracts that are built to be
     /// shipped (their digest is computed only if someone asks).
     var maintainedDigest: StateDigest?
@@ -290,34 +290,6 @@ public struct RecordMap: Sendable {
         }
     }
 
-    private mutating func mergeContext(_ other: CausalContext) {
-        if other.isEmpty { return }
-        guard maintainedDigest != nil else {
-            context.merge(other)
-            return
-        }
-        // O(what changes), not O(cloud): a delta accumulating one replica's writes keeps them
-        // all in its cloud, and rehashing it per merge made building one quadratic.
-        // Vector entries change only for replicas `other` names, in its vector or its cloud (a
-        // cloud dot right after our entry extends it).
-        var vectorBefore = other.versionVector.keys.map { ($0, context.versionVector[$0]) }
-        for replica in other.dotCloud.keys where other.versionVector[replica] == nil {
-            vectorBefore.append((replica, context.versionVector[replica]))
-        }
-        var digest = maintainedDigest!
-        context.merge(other) { replica, counter, added in
-            let element = Self.contextEntryHash(replica, counter, inCloud: true)
-            if added { digest.add(element) } else { digest.remove(element) }
-        }
-        for (replica, before) in vectorBefore {
-            let after = context.versionVector[replica]
-            guard after != before else { continue }
-            if let before { digest.remove(Self.contextEntryHash(replica, before, inCloud: false)) }
-            if let after { digest.add(Self.contextEntryHash(replica, after, inCloud: false)) }
-        }
-        maintainedDigest = digest
-    }
-
     // MARK: - Anti-entropy
 
     /// What a replica whose context is `peer` lacks: every field written and every presence
@@ -361,72 +333,6 @@ public struct RecordMap: Sendable {
         for replica in context.replicas { maintainedDigest!.remove(Self.contextHash(context, replica)) }
         context = newContext
         for replica in context.replicas { maintainedDigest!.add(Self.contextHash(context, replica)) }
-    }
-
-    // MARK: - Digest elements
-
-    static func hash(_ key: RecordKey, _ field: String, _ register: FieldRegister) -> (UInt64, UInt64) {
-        var h = StableHasher()
-        h.combine(UInt8(1))
-        h.combine(key.collection)
-        h.combine(key.id)
-        h.combine(field)
-        register.value.feed(into: &h)
-        h.combine(register.timestamp.rawValue)
-        h.combine(register.dot)
-        h.combine(register.supersedes.rawValue)
-        return h.finalize()
-    }
-
-    static func hash(_ key: RecordKey, _ replica: ReplicaID, _ entry: PresenceEntry) -> (UInt64, UInt64) {
-        var h = StableHasher()
-        h.combine(UInt8(2))
-        h.combine(key.collection)
-        h.combine(key.id)
-        h.combine(replica)
-        h.combine(entry.counter)
-        if let removedBy = entry.removedBy {
-            h.combine(UInt8(1))
-            h.combine(removedBy)
-        } else {
-            h.combine(UInt8(0))
-        }
-        return h.finalize()
-    }
-
-    /// One replica's part of the context: its vector entry and cloud dots, as one element.
-    static func contextHash(_ context: CausalContext, _ replica: ReplicaID) -> (UInt64, UInt64) {
-        var sum = StateDigest()
-        context.forEachEntry(of: replica) { counter, inCloud in sum.add(contextEntryHash(replica, counter, inCloud: inCloud)) }
-        return (sum.high, sum.low)
-    }
-
-    /// One entry of the context: a version vector entry (kind 3) or a cloud dot (kind 4).
-    static func contextEntryHash(_ replica: ReplicaID, _ counter: UInt64, inCloud: Bool) -> (UInt64, UInt64) {
-        var h = StableHasher()
-        h.combine(UInt8(inCloud ? 4 : 3))
-        h.combine(replica)
-        h.combine(counter)
-        return h.finalize()
-    }
-}
-
-extension StableHasher {
-    mutating func combine(_ id: UUID) {
-        withUnsafeBytes(of: id.uuid) { raw in
-            combine(raw.loadUnaligned(fromByteOffset: 0, as: UInt64.self))
-            combine(raw.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
-        }
-    }
-
-    mutating func combine(_ replica: ReplicaID) {
-        combine(replica.high)
-        combine(replica.low)
-    }
-
-    mutating func combine(_ dot: Dot) {
-        combine(dot.replica)
-        combine(dot.counter)
     }
 }
 
