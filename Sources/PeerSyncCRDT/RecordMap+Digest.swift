@@ -34,10 +34,22 @@ extension RecordMap {
     // MARK: - Digest elements
 
     static func hash(_ key: RecordKey, _ field: String, _ register: FieldRegister) -> (UInt64, UInt64) {
+        hash(fieldsOf: fieldHashPrefix(key), field, register)
+    }
+
+    /// The hasher after the part every field element of record `key` starts with; copied
+    /// for each field of a record hashed whole.
+    static func fieldHashPrefix(_ key: RecordKey) -> StableHasher {
         var h = StableHasher()
         h.combine(UInt8(1))
         h.combine(key.collection)
         h.combine(key.id)
+        return h
+    }
+
+    /// ``hash(_:_:_:)-(RecordKey,String,FieldRegister)`` from the record's ``fieldHashPrefix(_:)``.
+    static func hash(fieldsOf prefix: StableHasher, _ field: String, _ register: FieldRegister) -> (UInt64, UInt64) {
+        var h = prefix
         h.combine(field)
         register.value.feed(into: &h)
         h.combine(register.timestamp.rawValue)

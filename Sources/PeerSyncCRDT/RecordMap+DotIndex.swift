@@ -16,8 +16,9 @@
 ///
 /// Entries are never removed when an element is overwritten (the new element gets its own
 /// entry); a stale entry only makes extraction check a record that turns out to hold nothing
-/// missing. When entries outnumber twice the count after the last rebuild, the index is rebuilt
-/// from the records (amortized O(1) per entry).
+/// missing. When entries outnumber twice the count after the last rebuild (entries of new
+/// records not counted: they are never stale), the index is rebuilt from the records
+/// (amortized O(1) per entry).
 struct DotIndex: Sendable {
     /// One element's dot, as seen from its bucket: the record and the counter's low 6 bits.
     struct Entry: Sendable {
@@ -84,6 +85,16 @@ struct DotIndex: Sendable {
         state.forEachDot { dot in
             if seen.insert(dot) { add(dot, id: key.id, slot: slot) }
         }
+    }
+
+    /// Notes every dot of a record the map did not hold: its entries cannot be stale (no older
+    /// element of the record is indexed), so they do not count toward a rebuild — a fresh
+    /// peer's catch-up, all new records, then builds the index once instead of every time it
+    /// doubles.
+    mutating func addNew(_ state: RecordState, _ key: RecordKey) {
+        let before = entryCount
+        addAll(of: state, key)
+        rebuildAt += entryCount - before
     }
 
     /// Whether the index has grown enough stale entries to be worth rebuilding.

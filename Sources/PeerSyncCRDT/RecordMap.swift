@@ -269,7 +269,8 @@ public struct RecordMap: Sendable {
     private mutating func insertRecord(_ key: RecordKey, _ incoming: RecordState, into outcome: inout MergeOutcome) {
         if incoming.isEmpty { return }
         if var digest = maintainedDigest {
-            for (name, register) in incoming.fields { digest.add(Self.hash(key, name, register)) }
+            let prefix = Self.fieldHashPrefix(key)
+            for (name, register) in incoming.fields { digest.add(Self.hash(fieldsOf: prefix, name, register)) }
             for (replica, entry) in incoming.presence { digest.add(Self.hash(key, replica, entry)) }
             maintainedDigest = digest
         }
@@ -277,7 +278,7 @@ public struct RecordMap: Sendable {
         outcome.changedFieldCount += incoming.fields.count
         outcome.changedPresenceCount += incoming.presence.count
         if !incoming.fields.isEmpty || incoming.isVisible { outcome.changedRecords.insert(key) }
-        dotIndex?.addAll(of: incoming, key)
+        dotIndex?.addNew(incoming, key)
         collections[key.collection, default: [:]][key.id] = incoming
     }
 
