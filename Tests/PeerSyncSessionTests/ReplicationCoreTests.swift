@@ -541,6 +541,52 @@ struct DivergenceTests {
         #expect(c.core.provisionalClaims.isEmpty)
     }
 
+    @Test("live deltas wait for a catch-up round's roster records (they may overtake the rest of the round)")
+    func deltasWaitForTheRoster() throws {
+        var a = CoreNode("a")
+        for i in 0..<40 { try a.write { try $0.save(Location(name: "L\(i)", address: String(repeating: "x", count: 2_000))) } }
+        var round = CatchUpRound(a.state.records)
+        #expect(round.holdsDeltasBack, "before it is planned")
+        round.plan(limit: 65_536, dictionary: WireDictionary(startingAt: 0))
+        #expect(round.chunkCount > 1 && round.holdsDeltasBack)
+        _ = round.nextSlice()  // the roster (a few entries) fits in the first chunk
+        #expect(!round.holdsDeltasBack && !round.isFinished)
+        // A round without roster records holds nothing back.
+        let locations = RecordMap(records: a.state.records.records(in: "locations").map { (RecordKey(collection: "locations", id: $0.0), $0.1) },
+                                  context: a.state.context, maintainingDigest: false)
+        #expect(!CatchUpRound(locations).holdsDeltasBack)
+
+        // On a fresh session, a write made after admission but before the catch-up went out
+        // reaches a peer that did not know its writer's claim: the roster goes first.
+        var b = CoreNode("b")
+        let (aSession, bSession) = (a.open(initiator: true, address: "b", now: t0), b.open(initiator: false, address: "a", now: t0))
+        /// One batch from one side to the other.
+        func pump(_ from: inout CoreNode, _ fromSession: SessionID, _ to: inout CoreNode, _ toSession: SessionID) throws {
+            let (batch, actions) = from.core.nextBatch(fromSession, budget: 1 << 20, now: t0, state: from.state)
+            from.handle(actions)
+            guard let batch else { return }
+            var splitter = FrameSplitter(maxFrameBytes: WireLimits.defaultMaxFrameBytes)
+            splitter.append(batch.bytes)
+            while let frame = try splitter.next() {
+                to.handle(to.core.receive(toSession, type: frame.type, body: frame.body, now: t0,
+                                          wallClock: HybridLogicalClock.wallClock(), state: to.state))
+            }
+        }
+        try pump(&a, aSession, &b, bSession)  // a's hello
+        try pump(&b, bSession, &a, aSession)  // b's hello and auth: a admits b and queues its catch-up
+        #expect(a.core.established.count == 1 && b.core.established.isEmpty)
+        let late = Location(name: "written as the session opened")
+        try a.write { try $0.save(late) }
+        var link = CoreLink(aSession: aSession, bSession: bSession)
+        try link.settle(&a, &b, now: t0)
+        #expect(!link.framesToA.messages().contains { if case .error = $0 { true } else { false } })
+        #expect(b.state.contains(late.recordKey) && b.state.digest == a.state.digest)
+        let kinds = link.framesToB.messages().map(\.kind)
+        let firstChunk = try #require(kinds.firstIndex(of: .chunk))
+        let firstDelta = try #require(kinds.firstIndex(of: .delta))
+        #expect(firstChunk < firstDelta, "the delta went before the roster chunk: \(kinds)")
+    }
+
     @Test("unclaimed replica IDs: refused unless the receiver already holds them or the group was upgraded from a shared secret")
     func unclaimedRule() throws {
         let node = CoreNode("a")
