@@ -604,6 +604,16 @@ struct DivergenceTests {
                                            RecordState(presence: [own: PresenceEntry(counter: 1, removedBy: Dot(replica: stranger, counter: 1))]))],
                                 context: CausalContext(), maintainingDigest: false)
         #expect(removal.unclaimedReplica(roster: roster, known: node.state.context) == stranger)
+        // A removed device's replica stays claimed: its writes are judged by the cutoff instead.
+        let (byA, _) = try write(by: own)
+        let remover = CoreNode.group.keys[1]
+        let removeA = try RosterEntry.make(roster.removal(of: CoreNode.group.keys[0].deviceID, seen: node.state.context),
+                                           context: roster.context(for: remover.deviceID,
+                                                                   at: HLCTimestamp(physicalMilliseconds: HybridLogicalClock.wallClock(), logical: 0)),
+                                           signer: remover)
+        let afterRemoval = roster.adding([removeA])
+        #expect(afterRemoval.isRemoved(CoreNode.group.keys[0].deviceID) && afterRemoval.isClaimed(own))
+        #expect(byA.unclaimedReplica(roster: afterRemoval, known: CausalContext()) == nil)
         // A group upgraded from a shared secret: its previous-version devices never claimed.
         let legacy = LegacyGroupKey(groupSecret: Array(repeating: 7, count: 32))
         let genesis = try RosterEntry.legacyGenesis(groupName: "old", timestamp: HLCTimestamp(physicalMilliseconds: 1_000, logical: 0),
