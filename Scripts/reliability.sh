@@ -8,14 +8,18 @@
 #       127.0.0.1, EDITS (22,000) `peersync location set` commands — each a new short-lived
 #       process — on RECORDS (200) locations of the writer, paced over SECONDS (600). Every
 #       1,000 edits it prints one CSV line: journal rows and file sizes of both stores, resident
-#       memory of both nodes; at the end, whether the digests are equal. docs/RELIABILITY.md
-#       has the figures.
+#       memory of both nodes; at the end, the rate and whether the digests are equal.
+#       docs/RELIABILITY.md has the figures. It runs a release `peersync` (one process per edit:
+#       a debug binary manages ~9 edits/s), built with `swift build -c release --product
+#       peersync`; PEERSYNC_BIN=path uses that binary instead (and builds nothing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 soak() {
+  # dir, writer, reader, wpid and rpid are global: the EXIT trap runs after this returns.
+  local bin=$1 code port
+  shift
   local edits=${1:-22000} records=${2:-200} seconds=${3:-600}
-  local bin=.build/debug/peersync dir writer reader code port wpid rpid
   dir=$(mktemp -d /tmp/peersync-soak.XXXXXX)
   writer=$dir/writer reader=$dir/reader
   wpid='' rpid=''
@@ -52,6 +56,7 @@ soak() {
     [ "$now" -ge "$due" ] || sleep "$(awk -v ns=$(( due - now )) 'BEGIN { printf "%.3f", ns / 1e9 }')"
     (( n % 1000 )) || sample "$n"
   done
+  local took=$(( $(date +%s%N) - begun ))
   local digests=''
   for i in $(seq 1 600); do  # converged within 60 s
     digests=$( (jq -r .digest <("$bin" status --json --store "$writer"); jq -r .digest <("$bin" status --json --store "$reader")) | sort -u | wc -l)
@@ -59,14 +64,22 @@ soak() {
     sleep 0.1
   done
   sample "$edits"
-  echo "soak: $edits edits in $(( $(date +%s) - start )) s; digests $([ "$digests" = 1 ] && echo equal || echo DIFFER)"
+  echo "soak: $edits edits in $(awk -v ns="$took" 'BEGIN { printf "%.1f", ns / 1e9 }') s" \
+    "($(awk -v n="$edits" -v ns="$took" 'BEGIN { printf "%.1f", n / (ns / 1e9) }') edits/s);" \
+    "digests $([ "$digests" = 1 ] && echo equal || echo DIFFER)"
   [ "$digests" = 1 ]
 }
 
 if [ "${1:-}" = --soak ]; then
   shift
-  swift build --build-tests 2>&1 | grep -E "error:|Build complete" || true
-  soak "$@"
+  bin=${PEERSYNC_BIN:-}
+  if [ -z "$bin" ]; then
+    swift build -c release --product peersync 2>&1 | grep -E "error:|Build complete" || true
+    bin=$(swift build -c release --show-bin-path)/peersync
+  fi
+  [ -x "$bin" ] || { echo "soak: no peersync binary at $bin" >&2; exit 1; }
+  echo "soak: $bin ($("$bin" --version 2>/dev/null || echo "version unknown"))"
+  soak "$bin" "$@"
   exit
 fi
 

@@ -417,6 +417,9 @@ public actor Replica {
         guard validation.roster.isActive(sender) || sender == pendingJoin?.inviter else {
             throw BundleError.unknownSender(sender.shortForm)
         }
+        if let replica = delta.unclaimedReplica(roster: validation.roster, known: store.state.context) {
+            throw BundleError.refused("it holds writes by replica \(replica.shortDescription), which no device of the group claims")
+        }
         let admitted = delta.strippingRefused(by: validation.roster)?.delta ?? delta
         let outcome = try store.applyRemote(admitted, from: "bundle:\(header.sender.deviceID.shortForm)")
         if !outcome.isEmpty {

@@ -282,6 +282,23 @@ public struct Roster: Sendable {
     /// is not active (see ``refusal(of:)`` for removed devices' cutoffs).
     public func claimant(of replica: ReplicaID) -> DeviceID? { writers[replica] }
 
+    /// Whether some device claims `replica`: its claim counted (``claimant(of:)``), or it was
+    /// made by a device since removed and did not count (its writes are then judged by the
+    /// removal's cutoff, ``refusal(of:)``). Writes by a replica no device claims are refused on
+    /// receipt, except in a group upgraded from a shared secret (``isUpgradedFromSharedSecret``).
+    public func isClaimed(_ replica: ReplicaID) -> Bool { writers[replica] != nil || claimsOfRemovedDevices[replica] != nil }
+
+    /// Whether the group was upgraded from a shared secret (it holds a legacyGenesis or
+    /// legacyEnrol entry; their group is checked against the legacy key when decoding, so no
+    /// device can make another group look upgraded). Devices of the previous version wrote
+    /// without claiming their replica IDs, and one that never upgrades never claims its ID, so
+    /// such a group accepts writes by unclaimed replica IDs (docs/SECURITY.md, "A member").
+    ///
+    /// - Complexity: O(entries).
+    public var isUpgradedFromSharedSecret: Bool {
+        entries.values.contains { $0.kind == .legacyGenesis || $0.kind == .legacyEnrol }
+    }
+
     /// Non-nil if `dot` was written by a removed device beyond its cutoff: its replica is claimed
     /// by a removed device and its counter exceeds the cutoff for that replica (0 if the
     /// removal lists none).

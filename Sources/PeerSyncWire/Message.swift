@@ -21,6 +21,9 @@ public enum CloseReason: UInt64, Sendable, Equatable, CustomStringConvertible {
     case notAdmitted = 12
     /// The receiver's roster says the sender's device was removed from the group.
     case deviceRemoved = 13
+    /// A delta or chunk names a replica ID (in a dot or its context) that no device of the
+    /// receiver's roster claims, counting the claims it carries itself.
+    case unclaimedReplica = 14
     case other = 99
 
     public var description: String {
@@ -39,6 +42,7 @@ public enum CloseReason: UInt64, Sendable, Equatable, CustomStringConvertible {
         case .replicaRestored: "store restored from an older copy; continuing as a new replica"
         case .notAdmitted: "not admitted to the group"
         case .deviceRemoved: "this device was removed from the group"
+        case .unclaimedReplica: "writes by a replica no device of the group claims"
         case .other: "other"
         }
     }

@@ -231,8 +231,63 @@ struct DevicesTests {
         }
     }
 
-    /// A member's authenticated session (TLS, hello, auth), then `frames`.
-    static func send(_ frames: [[UInt8]], to port: UInt16, as identity: LocalIdentity) async throws {
+    @Test("a member's writes under a replica ID no device claims are refused (reason 14, a warning, nothing stored); with a claim in the same frame they land")
+    func unclaimedReplica() async throws {
+        let admin = try Device { try Replica.create(at: $0, name: "admin", logger: $1) }
+        defer { Task { await admin.close() } }
+        try await admin.sync()
+        let code = try await admin.replica.invite(role: .member)
+        let member = try Device { try Replica.join(at: $0, name: "member", invite: code, logger: $1) }
+        defer { Task { await member.close() } }
+        try await member.sync([admin])
+        #expect(await eventually { member.replica.role == .member && admin.replica.state.digest == member.replica.state.digest })
+
+        let key = try DeviceKey.load(from: member.directory + "/" + Replica.deviceKeyFile)
+        let identity = LocalIdentity(key: key, groupID: member.replica.groupID)
+        var clock = HybridLogicalClock()
+        /// A delta writing one location as `replica`, after `entries` (roster records, also as `replica`).
+        func frame(by replica: ReplicaID, name: String, entries: [RosterEntry] = []) throws -> [UInt8] {
+            var map = RecordMap()
+            var delta = RecordMap.empty()
+            let now = HLCTimestamp(physicalMilliseconds: HybridLogicalClock.wallClock(), logical: 0)
+            for entry in entries { delta.merge(try map.write(entry.fields, to: entry.recordKey, at: now, by: replica)) }
+            delta.merge(try map.write(["name": .string(name), "address": .string("")], to: RecordKey(collection: "locations", id: UUID()),
+                                      at: now, by: replica))
+            return Message.delta(WireDelta.encode(delta, with: WireDictionary(startingAt: HybridLogicalClock.wallClock()))).encodedFrame()
+        }
+
+        // Under an ID nobody claims: refused.
+        let before = admin.replica.state.digest
+        let unclaimed = ReplicaID.random()
+        let reason = try await Self.send([try frame(by: unclaimed, name: "anonymous")], to: admin.port, as: identity)
+        #expect(reason == .unclaimedReplica)
+        #expect(await eventually { admin.lines.all.contains { $0.contains("closing session") && $0.contains(unclaimed.shortDescription) } })
+        #expect(admin.replica.state.digest == before)
+        #expect(!admin.names().contains("anonymous"))
+
+        // With the member's own signed claim on a fresh ID in the same frame: stored, and the
+        // roster says whose writes they are.
+        let fresh = ReplicaID.random()
+        let claim = try RosterEntry.make(.writer(fresh), context: member.replica.roster().context(for: key.deviceID, at: clock.tick()),
+                                         signer: key)
+        let accepted = try await Self.send([try frame(by: fresh, name: "claimed", entries: [claim])], to: admin.port, as: identity,
+                                           until: { admin.names().contains("claimed") })
+        #expect(accepted == nil)
+        #expect(admin.names().contains("claimed"))
+        #expect(admin.replica.roster().claimant(of: fresh) == key.deviceID)
+
+        // The node still writes and syncs with its members.
+        try await admin.replica.save(Location(name: "after"))
+        #expect(await eventually { member.names().contains("after") && member.names().contains("claimed") })
+        #expect(!member.names().contains("anonymous"))
+    }
+
+    /// A member's authenticated session (TLS, hello, auth), then `frames`. Returns the reason of
+    /// the error or goodbye that ended it, or nil once `until` holds after the frames were sent
+    /// (checked at every frame the receiver sends; its keepalive pings come every second).
+    @discardableResult
+    static func send(_ frames: [[UInt8]], to port: UInt16, as identity: LocalIdentity,
+                     until: (@Sendable () -> Bool)? = nil) async throws -> CloseReason? {
         let tls = try DeviceTLS(key: identity.key) { _ in true }
         let (channel, _) = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .connectTimeout(.seconds(3))
@@ -241,7 +296,7 @@ struct DevicesTests {
                     try SyncNode.configurePipeline(channel, tls: tls, dialed: true, maxFrame: WireLimits.defaultMaxFrameBytes)
                 }
             }
-        try? await channel.executeThenClose { inbound, outbound in
+        return try? await channel.executeThenClose { inbound, outbound -> CloseReason? in
             let nonce = (0..<16).map { _ in UInt8.random(in: 0...255) }
             let me = ReplicaID.random()
             let hello = Hello(replicaID: me, name: "forger", wallClockMilliseconds: HybridLogicalClock.wallClock(),
@@ -258,12 +313,13 @@ struct DevicesTests {
                 case .auth where !authenticated:
                     authenticated = true
                     for frame in frames { try await outbound.write(ByteBuffer(bytes: frame)) }
-                case .error, .goodbye:
-                    return
+                case .error(let reason, _), .goodbye(let reason, _):
+                    return reason
                 default:
-                    continue
+                    if authenticated, let until, until() { return nil }
                 }
             }
+            return nil
         }
     }
 }

@@ -88,6 +88,10 @@ struct CoreNode {
             committedBatches.append(request.deltas)
             let outcomes = request.deltas.map { state.apply($0) }
             handle(core.committed(request.id, outcomes: outcomes, state: state, now: now))
+            // As the Replicator does: a commit that touched the roster refreshes the core's.
+            if request.deltas.contains(where: \.touchesRoster) {
+                handle(core.updateRoster(state.roster(of: core.settings.identity.groupID), identity: core.settings.identity, now: now))
+            }
         }
     }
 

@@ -174,6 +174,64 @@ struct LimitsTests {
         #expect(scheduler.nextWakeup()! - now == .seconds(240))
     }
 
+    @Test("a discovered address at a closed port backs off like a refused one: 0.2 s doubling on past 5 s to 5 min, kept across re-announcing")
+    func closedPortBackoff() {
+        var scheduler = Self.scheduler()
+        let forged = Self.address(1, 9999)
+        let name = DialScheduler.Source.discovered(serviceName: "forged")
+        scheduler.add(forged, source: name, now: t0)
+        var now = t0
+        var delays: [Duration] = []
+        for _ in 0..<13 {
+            #expect(scheduler.due(now: now) == [forged])
+            scheduler.ended(forged, .failed, now: now, jitter: 0)  // connection refused
+            let next = scheduler.nextWakeup()!
+            delays.append(next - now)
+            now = next
+        }
+        #expect(delays == [200, 400, 800, 1_600, 3_200, 6_400, 12_800, 25_600, 51_200, 102_400, 204_800, 300_000, 300_000]
+            .map { Duration.milliseconds($0) })
+        // Withdrawn and announced again: its backoff is remembered, as a refused address's is.
+        _ = scheduler.due(now: now)
+        scheduler.ended(forged, .failed, now: now, jitter: 0)
+        scheduler.remove(name)
+        #expect(scheduler.targets.isEmpty)
+        scheduler.add(forged, source: .discovered(serviceName: "forged again"), now: now + .seconds(1))
+        #expect(scheduler.due(now: now + .seconds(1)).isEmpty, "re-announcing reset the backoff")
+        #expect(scheduler.due(now: now + .seconds(300)) == [forged])
+
+        // 100 closed ports: in 10 minutes each is tried about a dozen times, not every 5 s (120 times).
+        var many = Self.scheduler()
+        for i in 0..<100 { many.add(Self.address(3, UInt16(8000 + i)), source: .discovered(serviceName: "closed \(i)"), now: t0) }
+        var clock = t0
+        while clock < t0 + .seconds(600) {
+            for address in many.due(now: clock) { many.ended(address, .failed, now: clock, jitter: 0) }
+            clock = max(clock + .milliseconds(100), many.nextWakeup() ?? clock)
+        }
+        #expect(many.attempts <= 100 * 13, "attempts: \(many.attempts)")
+
+        // An address that once had a session, and a configured one, keep the ordinary 5 s cap.
+        for source in [DialScheduler.Source.discovered(serviceName: "real"), .configured] {
+            var other = Self.scheduler()
+            let peer = Self.address(2)
+            other.add(peer, source: source, now: t0)
+            var at = t0
+            if source != .configured {
+                _ = other.due(now: at)
+                other.established(peer)
+                other.ended(peer, .established(lasted: .seconds(30)), now: at, jitter: 0)
+                at = other.nextWakeup()!
+            }
+            for _ in 0..<10 {
+                #expect(other.due(now: at) == [peer])
+                other.ended(peer, .failed, now: at, jitter: 0)
+                let next = other.nextWakeup()!
+                #expect(next - at <= .seconds(5))
+                at = next
+            }
+        }
+    }
+
     @Test("100 forged adverts on two hosts cannot starve a real peer: it is dialed at once, and the forged ones cost a few attempts a minute")
     func forgedAdverts() {
         var scheduler = Self.scheduler(dials: 4)

@@ -474,6 +474,155 @@ struct DivergenceTests {
         #expect(b.warnings.contains { $0.message.contains("closing session") })
     }
 
+    /// A delta of one location written by `replica`, with `extra` roster entries in it.
+    func write(by replica: ReplicaID, with extra: [RosterEntry] = []) throws -> (RecordMap, RecordKey) {
+        var map = RecordMap()
+        let now = HLCTimestamp(physicalMilliseconds: HybridLogicalClock.wallClock(), logical: 0)
+        var delta = RecordMap.empty()
+        for entry in extra { delta.merge(try map.write(entry.fields, to: entry.recordKey, at: now, by: replica)) }
+        let key = RecordKey(collection: "locations", id: UUID())
+        delta.merge(try map.write(["name": .string("by \(replica.shortDescription)")], to: key, at: now, by: replica))
+        return (delta, key)
+    }
+
+    @Test("a delta naming a replica ID no device claims is refused with reason 14; nothing is stored; the node still writes")
+    func unclaimedReplica() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        let digest = b.state.digest
+        let (delta, key) = try write(by: ReplicaID.random())
+        a.state.apply(delta)
+        a.handle(a.core.broadcast(delta, state: a.state, now: t0))
+        try link.settle(&a, &b, now: t0)
+        #expect(b.state.digest == digest && !b.state.contains(key))
+        #expect(link.framesToA.messages().contains { if case .error(.unclaimedReplica, let text) = $0 { text.contains("no device") } else { false } })
+        #expect(b.warnings.contains { $0.message.contains("closing session") && $0.metadata["peer.id"] == a.replicaID.shortDescription })
+        #expect(b.core.provisionalClaims.isEmpty)
+        // Only that session ended: b still writes, and syncs with another peer.
+        try b.write { try $0.save(Location(name: "after")) }
+        var c = CoreNode("c")
+        var other = CoreLink.connect(&b, &c, now: t0)
+        try other.settle(&b, &c, now: t0)
+        #expect(try c.state.fetchAll(Location.self).contains { $0.name == "after" })
+        #expect(c.state.digest == b.state.digest)
+    }
+
+    @Test("a new replica's claim travels with its first writes: in one delta, or in an earlier chunk of the round")
+    func claimWithWrites() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        // Device a continues under a new replica ID (a copied store) and claims it; claim and
+        // first write go out in one delta.
+        let fresh = ReplicaID.random()
+        let key = CoreNode.group.keys[0]
+        let claim = try RosterEntry.make(.writer(fresh), context: a.state.roster(of: CoreNode.group.groupID)
+                                             .context(for: key.deviceID, at: a.state.nextTimestamp()), signer: key)
+        let (delta, record) = try write(by: fresh, with: [claim])
+        a.state.apply(delta)
+        a.handle(a.core.broadcast(delta, state: a.state, now: t0))
+        try link.settle(&a, &b, now: t0)
+        #expect(b.state.contains(record))
+        #expect(b.core.roster.isClaimed(fresh))
+        #expect(!b.warnings.contains { $0.message.contains("closing session") })
+
+        // A third device c first meets a with a small frame limit: the roster (with a's and b's
+        // claims) comes in the first chunks, their writes in later ones, all committed at once.
+        for i in 0..<40 { try a.write { try $0.save(Location(name: "L\(i)", address: String(repeating: "x", count: 2_000))) } }
+        var c = CoreNode("c", maxFrameBytes: 65_536)
+        var third = CoreLink.connect(&a, &c, now: t0)
+        try third.settle(&a, &c, now: t0)
+        #expect(third.framesToB.messages().count { if case .chunk = $0 { true } else { false } } > 1)
+        #expect(c.state.digest == a.state.digest)
+        #expect(!c.warnings.contains { $0.message.contains("closing session") })
+        #expect(c.core.provisionalClaims.isEmpty)
+    }
+
+    @Test("live deltas wait for a catch-up round's roster records (they may overtake the rest of the round)")
+    func deltasWaitForTheRoster() throws {
+        var a = CoreNode("a")
+        for i in 0..<40 { try a.write { try $0.save(Location(name: "L\(i)", address: String(repeating: "x", count: 2_000))) } }
+        var round = CatchUpRound(a.state.records)
+        #expect(round.holdsDeltasBack, "before it is planned")
+        round.plan(limit: 65_536, dictionary: WireDictionary(startingAt: 0))
+        #expect(round.chunkCount > 1 && round.holdsDeltasBack)
+        _ = round.nextSlice()  // the roster (a few entries) fits in the first chunk
+        #expect(!round.holdsDeltasBack && !round.isFinished)
+        // A round without roster records holds nothing back.
+        let locations = RecordMap(records: a.state.records.records(in: "locations").map { (RecordKey(collection: "locations", id: $0.0), $0.1) },
+                                  context: a.state.context, maintainingDigest: false)
+        #expect(!CatchUpRound(locations).holdsDeltasBack)
+
+        // On a fresh session, a write made after admission but before the catch-up went out
+        // reaches a peer that did not know its writer's claim: the roster goes first.
+        var b = CoreNode("b")
+        let (aSession, bSession) = (a.open(initiator: true, address: "b", now: t0), b.open(initiator: false, address: "a", now: t0))
+        /// One batch from one side to the other.
+        func pump(_ from: inout CoreNode, _ fromSession: SessionID, _ to: inout CoreNode, _ toSession: SessionID) throws {
+            let (batch, actions) = from.core.nextBatch(fromSession, budget: 1 << 20, now: t0, state: from.state)
+            from.handle(actions)
+            guard let batch else { return }
+            var splitter = FrameSplitter(maxFrameBytes: WireLimits.defaultMaxFrameBytes)
+            splitter.append(batch.bytes)
+            while let frame = try splitter.next() {
+                to.handle(to.core.receive(toSession, type: frame.type, body: frame.body, now: t0,
+                                          wallClock: HybridLogicalClock.wallClock(), state: to.state))
+            }
+        }
+        try pump(&a, aSession, &b, bSession)  // a's hello
+        try pump(&b, bSession, &a, aSession)  // b's hello and auth: a admits b and queues its catch-up
+        #expect(a.core.established.count == 1 && b.core.established.isEmpty)
+        let late = Location(name: "written as the session opened")
+        try a.write { try $0.save(late) }
+        var link = CoreLink(aSession: aSession, bSession: bSession)
+        try link.settle(&a, &b, now: t0)
+        #expect(!link.framesToA.messages().contains { if case .error = $0 { true } else { false } })
+        #expect(b.state.contains(late.recordKey) && b.state.digest == a.state.digest)
+        let kinds = link.framesToB.messages().map(\.kind)
+        let firstChunk = try #require(kinds.firstIndex(of: .chunk))
+        let firstDelta = try #require(kinds.firstIndex(of: .delta))
+        #expect(firstChunk < firstDelta, "the delta went before the roster chunk: \(kinds)")
+    }
+
+    @Test("unclaimed replica IDs: refused unless the receiver already holds them or the group was upgraded from a shared secret")
+    func unclaimedRule() throws {
+        let node = CoreNode("a")
+        let stranger = ReplicaID.random()
+        let (delta, _) = try write(by: stranger)
+        let roster = node.state.roster(of: CoreNode.group.groupID)
+        #expect(delta.unclaimedReplica(roster: roster, known: node.state.context) == stranger)
+        #expect(delta.unclaimedReplica(roster: roster, known: CausalContext(dots: [Dot(replica: stranger, counter: 7)])) == nil)
+        #expect(delta.unclaimedReplica(roster: roster, known: node.state.context, claimedElsewhere: { $0 == stranger }) == nil)
+        // Named only in the context, or only as a remover: refused just the same.
+        let onlyContext = RecordMap(records: [], context: CausalContext(dots: [Dot(replica: stranger, counter: 1)]), maintainingDigest: false)
+        #expect(onlyContext.unclaimedReplica(roster: roster, known: node.state.context) == stranger)
+        let own = node.replicaID
+        let removal = RecordMap(records: [(RecordKey(collection: "locations", id: UUID()),
+                                           RecordState(presence: [own: PresenceEntry(counter: 1, removedBy: Dot(replica: stranger, counter: 1))]))],
+                                context: CausalContext(), maintainingDigest: false)
+        #expect(removal.unclaimedReplica(roster: roster, known: node.state.context) == stranger)
+        // A removed device's replica stays claimed: its writes are judged by the cutoff instead.
+        let (byA, _) = try write(by: own)
+        let remover = CoreNode.group.keys[1]
+        let removeA = try RosterEntry.make(roster.removal(of: CoreNode.group.keys[0].deviceID, seen: node.state.context),
+                                           context: roster.context(for: remover.deviceID,
+                                                                   at: HLCTimestamp(physicalMilliseconds: HybridLogicalClock.wallClock(), logical: 0)),
+                                           signer: remover)
+        let afterRemoval = roster.adding([removeA])
+        #expect(afterRemoval.isRemoved(CoreNode.group.keys[0].deviceID) && afterRemoval.isClaimed(own))
+        #expect(byA.unclaimedReplica(roster: afterRemoval, known: CausalContext()) == nil)
+        // A group upgraded from a shared secret: its previous-version devices never claimed.
+        let legacy = LegacyGroupKey(groupSecret: Array(repeating: 7, count: 32))
+        let genesis = try RosterEntry.legacyGenesis(groupName: "old", timestamp: HLCTimestamp(physicalMilliseconds: 1_000, logical: 0),
+                                                    legacyKey: legacy)
+        let upgraded = Roster(groupID: legacy.groupID, entries: [genesis])
+        #expect(upgraded.isUpgradedFromSharedSecret && !roster.isUpgradedFromSharedSecret)
+        #expect(delta.unclaimedReplica(roster: upgraded, known: CausalContext()) == nil)
+    }
+
     @Test("a peer that knows more writes in this replica's name than it has: restore detected, session refused")
     func restoreDetected() throws {
         var a = CoreNode("a")

@@ -121,6 +121,47 @@ extension RecordMap {
 
     /// Whether this delta writes roster entries.
     public var touchesRoster: Bool { collections[RosterEntry.collection] != nil }
+
+    /// The first replica ID this delta names — in its context, a field's dot, a presence entry's
+    /// writer or remover — that nothing vouches for, or nil. A replica ID is vouched for when a
+    /// device of `roster` claims it (``Roster/isClaimed(_:)``; pass the roster *with* the
+    /// delta's own roster entries, so a new device's claim and its first writes may arrive in
+    /// one frame), when `known` (the receiver's context) already holds it, or when
+    /// `claimedElsewhere` says so (claims in frames admitted but not yet committed). Always nil
+    /// in a group upgraded from a shared secret, whose previous-version devices never claimed
+    /// their IDs.
+    ///
+    /// - Complexity: O(dots named in the delta), plus O(roster entries) if one is unclaimed.
+    public func unclaimedReplica(roster: Roster, known: CausalContext,
+                                 claimedElsewhere: (ReplicaID) -> Bool = { _ in false }) -> ReplicaID? {
+        var vouched: Set<ReplicaID> = []
+        var unclaimed: ReplicaID?
+        func check(_ replica: ReplicaID) -> Bool {
+            if vouched.contains(replica) { return true }
+            if known.versionVector[replica] != nil || known.dotCloud[replica] != nil || roster.isClaimed(replica)
+                || claimedElsewhere(replica) {
+                vouched.insert(replica)
+                return true
+            }
+            unclaimed = replica
+            return false
+        }
+        scan: do {
+            for replica in context.versionVector.keys where !check(replica) { break scan }
+            for replica in context.dotCloud.keys where !check(replica) { break scan }
+            for records in collections.values {
+                for state in records.values {
+                    for register in state.fields.values where !check(register.dot.replica) { break scan }
+                    for (writer, entry) in state.presence {
+                        if !check(writer) { break scan }
+                        if let remover = entry.removedBy, !check(remover.replica) { break scan }
+                    }
+                }
+            }
+        }
+        guard let unclaimed, !roster.isUpgradedFromSharedSecret else { return nil }
+        return unclaimed
+    }
 }
 
 extension ReplicaState {

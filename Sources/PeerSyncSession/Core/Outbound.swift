@@ -81,10 +81,24 @@ struct CatchUpRound {
     private(set) var cuts: [Range<Int>] = []
     var nextChunk = 0
     private(set) var skipped: [(RecordKey, field: String)] = []
+    /// Items of system collections (the roster), which come first; known once planned.
+    private var systemItems = 0
+    private let hasSystemRecords: Bool
 
     init(_ state: RecordMap) {
         context = state.context
         source = state
+        hasSystemRecords = state.collections.keys.contains { $0.hasPrefix("_") }
+    }
+
+    /// Whether live deltas must wait: the round's roster records have not all been sent yet. A
+    /// receiver refuses writes by a replica ID no device claims (PROTOCOL §11), and the claims a
+    /// live delta's writers need — a new peer's first round carries the sender's whole roster —
+    /// must reach it first.
+    var holdsDeltasBack: Bool {
+        guard hasSystemRecords else { return false }
+        guard isPlanned else { return true }
+        return nextChunk == 0 || cuts[nextChunk - 1].upperBound < systemItems
     }
 
     var isPlanned: Bool { !cuts.isEmpty }
@@ -105,6 +119,7 @@ struct CatchUpRound {
         items.reserveCapacity(source.recordCount)
         bounds.reserveCapacity(source.recordCount)
         for collection in system + others {
+            if collection == others.first { systemItems = items.count }
             for (id, state) in source.collections[collection]! {
                 let key = RecordKey(collection: collection, id: id)
                 let bound = WireDelta.encodedSizeBound(of: key, state, with: dictionary)
@@ -120,6 +135,7 @@ struct CatchUpRound {
                 }
             }
         }
+        if others.isEmpty { systemItems = items.count }
         var start = 0
         var size = 0
         for index in items.indices {

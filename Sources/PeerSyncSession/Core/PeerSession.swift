@@ -192,7 +192,10 @@ extension PeerSession {
                 out.deltaBytes = 0
                 out.push(catchUp: extract)
             }
-            if let delta = out.deltas {
+            // Live deltas go before the rest of a catch-up round, but after its roster records:
+            // the peer refuses writes by replica IDs it does not know to be claimed.
+            func sendDeltas() {
+                guard let delta = out.deltas, out.catchUp?.holdsDeltasBack != true else { return }
                 out.deltas = nil
                 out.deltaBytes = 0
                 if fitsOneFrame(delta) {
@@ -204,7 +207,9 @@ extension PeerSession {
                     out.push(catchUp: delta)
                 }
             }
+            sendDeltas()
             encodeChunks(into: &bytes, frames: &frames, budget: budget, chunkTarget: chunkTarget, onSkipped: onSkipped)
+            sendDeltas()
         }
         let flushed = out.deltas == nil && out.catchUp == nil && out.nextCatchUp == nil && !out.resync
         if phase == .closing, let final = out.final, flushed || !out.flushBeforeFinal {

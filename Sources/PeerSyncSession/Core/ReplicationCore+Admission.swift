@@ -113,6 +113,7 @@ extension ReplicationCore {
     mutating func updateRoster(_ roster: Roster, identity: LocalIdentity, now: MonotonicInstant) -> [Action] {
         self.roster = roster
         settings.identity = identity
+        pruneProvisionalClaims()
         var actions: [Action] = []
         for id in sessions.keys.sorted() {
             guard let session = sessions[id], session.phase == .established, let device = session.peerKey?.deviceID else { continue }
@@ -128,12 +129,18 @@ extension ReplicationCore {
         case refused([Action])
     }
 
-    /// Roster entries in a peer's delta must be well formed and authorised; a removed device's
-    /// writes beyond its cutoff are dropped (their dots stay known, so nobody offers them again).
-    mutating func admitData(_ delta: RecordMap, from id: SessionID, now: MonotonicInstant) -> DataAdmission {
+    /// Roster entries in a peer's delta must be well formed and authorised; every replica ID the
+    /// delta names must be claimed by a device (``RecordMap/unclaimedReplica(roster:known:claimedElsewhere:)``);
+    /// a removed device's writes beyond its cutoff are dropped (their dots stay known, so nobody
+    /// offers them again).
+    mutating func admitData(_ delta: RecordMap, from id: SessionID, now: MonotonicInstant, state: ReplicaState) -> DataAdmission {
         if let violation = delta.limitViolation {
             return .refused(refuse(id, .malformed, "the delta breaks a limit: \(violation)", now: now))
         }
+        // The roster as it will be once this delta is stored: a new device's claim on its replica
+        // ID may travel in the same frame as its first writes.
+        var withDelta = roster
+        var claims: [ReplicaID] = []
         if delta.touchesRoster {
             let validation = roster.validate(delta: delta)
             if let refusal = validation.refused.first {
@@ -143,12 +150,36 @@ extension ReplicationCore {
                                                : "roster entries arrived before the entries that authorise them (\(refusal)); try again",
                                        now: now))
             }
+            withDelta = validation.roster
+            for entry in validation.accepted {
+                if case .writer(let replica) = entry.payload, withDelta.isClaimed(replica) { claims.append(replica) }
+            }
         }
+        if let replica = delta.unclaimedReplica(roster: withDelta, known: state.context,
+                                                claimedElsewhere: { provisionalClaims[$0] != nil }) {
+            return .refused(refuse(id, .unclaimedReplica,
+                                   "the delta names replica \(replica.shortDescription), which no device of the group claims", now: now))
+        }
+        // Until this delta is committed (and the roster refreshed), later frames — of any session —
+        // may already write under the replica IDs it claims.
+        for replica in claims { provisionalClaims[replica] = id }
         guard let (stripped, count) = delta.strippingRefused(by: roster) else { return .admitted(delta) }
         if let session = sessions[id] {
             queuedLogs.append(CoreLog(.info, "dropped writes of a removed device", sessionMetadata(session, ["writes": "\(count)"])))
         }
         return .admitted(stripped)
+    }
+
+    /// Forgets provisional claims (``provisionalClaims``) that the roster now holds, or whose
+    /// session ended with nothing of it left to commit (its frames are not stored then; a peer
+    /// sends the claim again with its writes).
+    mutating func pruneProvisionalClaims() {
+        guard !provisionalClaims.isEmpty else { return }
+        var pending = Set(queued.map(\.session))
+        if let inFlight { pending.formUnion(inFlight.parts.map(\.session)) }
+        provisionalClaims = provisionalClaims.filter { replica, session in
+            !roster.isClaimed(replica) && (sessions[session] != nil || pending.contains(session))
+        }
     }
 
     func origin(of session: PeerSession) -> String {

@@ -52,6 +52,7 @@ extension ReplicationCore {
             if !partOutcome.isEmpty, let info = session.info { actions.append(.event(.remoteChange(partOutcome, from: info))) }
         }
         actions += attachmentsReferenced(in: outcomes.lazy.flatMap { $0.changedRecords }, state: state)
+        pruneProvisionalClaims()
         return actions + startCommitIfIdle(state: state)
     }
 

@@ -81,6 +81,10 @@ struct ReplicationCore {
     var queuedLogs: [CoreLog] = []
     /// Attachment transfers (ReplicationCore+Attachments.swift).
     var attachmentState: AttachmentCoreState
+    /// Replica IDs claimed by roster entries in frames admitted but not yet committed, with the
+    /// session that brought them: a catch-up's roster chunk and the chunks with the new device's
+    /// writes may be committed separately, and another session may forward those writes first.
+    var provisionalClaims: [ReplicaID: SessionID] = [:]
 
     init(settings: Settings, roster: Roster) {
         self.settings = settings
@@ -119,6 +123,7 @@ struct ReplicationCore {
         guard let session = sessions[id] else { return [] }
         var actions = attachmentSessionEnded(id, session)
         sessions[id] = nil
+        pruneProvisionalClaims()
         let why = session.endReason ?? reason
         if let peer = session.peer, established[peer.replicaID] == id {
             established[peer.replicaID] = nil
@@ -227,7 +232,7 @@ struct ReplicationCore {
             lastActivity = now
             guard sessions[id]!.phase == .established else { return refuse(id, .notAdmitted, "data before admission", now: now) }
             if let refusal = ownNameRefusal(delta, state: state) { return refuse(id, .malformed, refusal, now: now) }
-            switch admitData(delta, from: id, now: now) {
+            switch admitData(delta, from: id, now: now, state: state) {
             case .refused(let actions): return actions
             case .admitted(let admitted): delta = admitted
             }
@@ -251,7 +256,7 @@ struct ReplicationCore {
             lastActivity = now
             guard sessions[id]!.phase == .established else { return refuse(id, .notAdmitted, "data before admission", now: now) }
             if let refusal = ownNameRefusal(delta, state: state) { return refuse(id, .malformed, refusal, now: now) }
-            switch admitData(delta, from: id, now: now) {
+            switch admitData(delta, from: id, now: now, state: state) {
             case .refused(let actions): return actions
             case .admitted(let admitted): delta = admitted
             }

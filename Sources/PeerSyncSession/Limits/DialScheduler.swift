@@ -12,6 +12,13 @@ import PeerSyncWire
 ///   the others on its host wait behind a real peer found after them), then the longest waiting.
 /// - An ordinary failure (unreachable, connection lost) redials with
 ///   ``SyncTiming/reconnectBackoff``; a session that lasted ``Settings/stableSession`` resets it.
+/// - A *discovered* address that never had a session and does not answer (a closed port, no
+///   host there) may be a forged advert as much as one that fails authentication, so its
+///   backoff grows as far (``Settings/unanswered``): from the ordinary first step — a real
+///   advert seen a moment before its listener answers is still retried within a second — doubling
+///   on past the ordinary maximum up to the rejected one (5 min), and it is remembered across a
+///   withdrawal like a refusal. Configured peers, and addresses that once had a session, keep
+///   the ordinary backoff.
 /// - A session that fails to authenticate or is refused (``Outcome/rejected``) redials with
 ///   ``SyncLimits/rejectedDialBackoff``, growing to minutes: 100 forged adverts cost a few
 ///   attempts a minute, and cannot take the slots a real peer needs.
@@ -24,6 +31,9 @@ struct DialScheduler {
         var perHost: Int
         var reconnect: Backoff
         var rejected: Backoff
+        /// Discovered addresses that never had a session and do not answer: the ordinary first
+        /// step, growing to the rejected maximum.
+        var unanswered: Backoff
         /// A session that lasted this long resets the backoff.
         var stableSession: Duration = .seconds(10)
 
@@ -32,6 +42,7 @@ struct DialScheduler {
             perHost = max(1, limits.concurrentDialsPerHost)
             reconnect = timing.reconnectBackoff
             rejected = limits.rejectedDialBackoff
+            unanswered = Backoff(first: reconnect.first, max: Swift.max(reconnect.max, rejected.max), jitter: reconnect.jitter)
         }
     }
 
@@ -78,7 +89,7 @@ struct DialScheduler {
         static func isRejection(_ reason: CloseReason, established: Bool) -> Bool {
             switch reason {
             case .notAdmitted, .deviceRemoved, .protocolVersion, .sameReplica, .clockSkew, .malformed, .frameTooLarge,
-                 .unknownMessage:
+                 .unknownMessage, .unclaimedReplica:
                 true
             case .timeout:
                 !established  // no hello, or no admission, within the handshake timeout
@@ -107,6 +118,9 @@ struct DialScheduler {
         var everEstablished = false
         /// Arrival order, for ties.
         let order: UInt64
+
+        /// A discovered address that never had a session and failed: ``Settings/unanswered`` applies.
+        var isUnanswered: Bool { !everEstablished && failures > 0 && !sources.contains(.configured) }
     }
 
     let settings: Settings
@@ -114,8 +128,9 @@ struct DialScheduler {
     private var nextOrder: UInt64 = 0
     /// Rejections of any address on a host since a session with it was last established.
     private(set) var hostRejections: [String: Int] = [:]
-    /// Dropped addresses that had been refused: their rejections and the end of their backoff.
-    private var remembered: [PeerAddress: (rejections: Int, until: MonotonicInstant)] = [:]
+    /// Dropped addresses that had been refused, or never answered: their rejections, failures
+    /// and the end of their backoff.
+    private var remembered: [PeerAddress: (rejections: Int, failures: Int, until: MonotonicInstant)] = [:]
     static let rememberedLimit = 1_024
     /// Attempts started so far.
     private(set) var attempts = 0
@@ -143,7 +158,7 @@ struct DialScheduler {
         }
         let past = remembered.removeValue(forKey: address)
         targets[address] = Target(address: address, sources: [source], phase: .waiting(until: max(now, past?.until ?? now)),
-                                  rejections: past?.rejections ?? 0, order: nextOrder)
+                                  failures: past?.failures ?? 0, rejections: past?.rejections ?? 0, order: nextOrder)
         nextOrder += 1
     }
 
@@ -160,13 +175,15 @@ struct DialScheduler {
         }
     }
 
-    /// Forgets `address`, and its host's rejections once no address on it is left.
+    /// Forgets `address`, and its host's rejections once no address on it is left. An address
+    /// that was refused, or never answered, is remembered with its backoff.
     private mutating func drop(_ address: PeerAddress) {
-        if let target = targets.removeValue(forKey: address), target.rejections > 0, case .waiting(let until) = target.phase {
+        if let target = targets.removeValue(forKey: address), target.rejections > 0 || target.isUnanswered,
+           case .waiting(let until) = target.phase {
             if remembered.count >= Self.rememberedLimit, let oldest = remembered.min(by: { $0.value.until < $1.value.until }) {
                 remembered[oldest.key] = nil
             }
-            remembered[address] = (target.rejections, until)
+            remembered[address] = (target.rejections, target.isUnanswered ? target.failures : 0, until)
         }
         if !targets.keys.contains(where: { $0.host == address.host }) { hostRejections[address.host] = nil }
     }
@@ -228,7 +245,7 @@ struct DialScheduler {
             delay = settings.reconnect.delay(afterFailures: target.failures - 1, unit: jitter)
         case .failed:
             target.failures += 1
-            delay = settings.reconnect.delay(afterFailures: target.failures - 1, unit: jitter)
+            delay = (target.isUnanswered ? settings.unanswered : settings.reconnect).delay(afterFailures: target.failures - 1, unit: jitter)
         case .rejected:
             target.rejections += 1
             hostRejections[address.host, default: 0] += 1
