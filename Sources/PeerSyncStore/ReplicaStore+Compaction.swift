@@ -265,6 +265,19 @@ extension ReplicaStore {
         }
     }
 
+    /// Returns free pages to the file system and truncates the WAL (what a compaction run does
+    /// at its end), e.g. before measuring the file.
+    public func returnFreeSpace() throws(StoreError) {
+        do {
+            try pool.writeWithoutTransaction { db in
+                try db.execute(sql: "PRAGMA incremental_vacuum")
+                _ = try? Row.fetchOne(db, sql: "PRAGMA wal_checkpoint(TRUNCATE)")
+            }
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+
     /// After a run that purged: old journal entries go, the file switches to incremental
     /// vacuum if it is not yet, free pages go back to the file system, the WAL is truncated.
     private func returnSpace(journalGrace: Duration, run result: inout CompactionRun) throws {
