@@ -36,8 +36,24 @@ final class EchoServer: Sendable {
 
     /// The accepted connections, in order.
     final class List: Sendable {
-        let items = Mutex<[Accepted]>([])
-        func withLock<R>(_ body: (inout [Accepted]) -> R) -> R { items.withLock { body(&$0) } }
+        let items = Mutex<(accepted: [Accepted], stopping: Bool)>(([], false))
+        func withLock<R>(_ body: (inout [Accepted]) -> R) -> R { items.withLock { body(&$0.accepted) } }
+
+        /// Records `child`; false once the server is stopping (the caller closes it then).
+        func add(_ child: Accepted) -> Bool {
+            items.withLock { state in
+                state.accepted.append(child)
+                return !state.stopping
+            }
+        }
+
+        /// Marks the server stopping and returns every connection recorded so far.
+        func stop() -> [Accepted] {
+            items.withLock { state in
+                state.stopping = true
+                return state.accepted
+            }
+        }
     }
 
     let port: Int
@@ -64,7 +80,10 @@ final class EchoServer: Sendable {
             try? await withThrowingDiscardingTaskGroup { group in
                 try await server.executeThenClose { inbound in
                     for try await child in inbound {
-                        accepted.withLock { $0.append(child) }
+                        guard accepted.add(child) else {
+                            try? await child.channel.channel.close()
+                            continue
+                        }
                         group.addTask {
                             try? await child.channel.executeThenClose { input, output in
                                 for try await buffer in input { try await output.write(buffer) }
@@ -76,10 +95,13 @@ final class EchoServer: Sendable {
         }
     }
 
+    /// Closes the listener and every connection. The accept loop is not cancelled: it ends when
+    /// the listener closes, after consuming every connection already accepted (NIO traps on an
+    /// accepted channel dropped unconsumed — "Deinited NIOAsyncWriter without calling finish()").
     func stop() async {
+        let open = accepted.stop()
         try? await server.channel.close()
-        for child in accepted.withLock({ $0 }) { try? await child.channel.channel.close() }
-        task.cancel()
+        for child in open { try? await child.channel.channel.close() }
         await task.value
     }
 }
