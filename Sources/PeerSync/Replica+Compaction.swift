@@ -190,8 +190,12 @@ extension Replica {
     }
 
     /// Schedules an automatic step (after commits and gossip).
+    ///
+    /// The step holds the replica weakly: a replica its owner released (closed, or about to be
+    /// reopened on the same files, as after a restore) must not write to its store afterwards.
     nonisolated func scheduleCompaction() {
-        compactionScheduler.trigger(after: Self.compactionDelay) { [self] in
+        compactionScheduler.trigger(after: Self.compactionDelay) { [weak self] in
+            guard let self else { return }
             do {
                 try compactionStep(force: false)
             } catch {
