@@ -1,4 +1,3 @@
-import Foundation
 import PeerSyncCRDT
 import PeerSyncModel
 import PeerSyncSession
@@ -28,14 +27,6 @@ public struct StoreSyncStorage: SyncStorage {
 
     public func commitLocal(_ body: (inout ReplicaState) throws -> RecordMap?) throws -> RecordMap? {
         try store.write(body)
-    }
-
-    // MARK: - Compaction gossip
-
-    public func seenGossip() -> SeenContexts? { store.seenGossip() }
-
-    public func recordSeen(_ gossip: SeenContexts) throws -> Bool {
-        try store.recordSeen(gossip, now: UInt64(max(0, Date().timeIntervalSince1970 * 1_000)))
     }
 
     // MARK: - Attachments
