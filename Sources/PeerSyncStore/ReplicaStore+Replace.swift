@@ -22,15 +22,12 @@ extension ReplicaStore {
                     absorbed = try catchUp(db, &state, &position)
                     let replacements = compute(state)
                     guard !replacements.isEmpty else { return 0 }
-                    let upsert = try db.cachedStatement(sql: """
-                        INSERT INTO record (collection, id, visible, state) VALUES (?, ?, ?, ?)
-                        ON CONFLICT (collection, id) DO UPDATE SET visible = excluded.visible, state = excluded.state
-                        """)
+                    let rows = try RecordRowWriter(db)
                     let delete = try db.cachedStatement(sql: "DELETE FROM record WHERE collection = ? AND id = ?")
                     var records = Dictionary(uniqueKeysWithValues: state.records.allRecords.map { ($0.0, $0.1) })
                     for (key, replacement) in replacements {
                         if let replacement, !(replacement.fields.isEmpty && replacement.presence.isEmpty) {
-                            try upsert.execute(arguments: [key.collection, key.id.data, replacement.isVisible, Data(replacement.encodedBlob())])
+                            try rows.upsert(collection: key.collection, id: key.id, visible: replacement.isVisible, state: replacement.encodedBlob())
                             records[key] = replacement
                         } else {
                             try delete.execute(arguments: [key.collection, key.id.data])
