@@ -100,6 +100,8 @@ public actor Replica {
     private nonisolated let statusSubscribers = Broadcaster<SyncStatus>()
     /// Live observations, peer names and attachments (Replica+Observation.swift and neighbours).
     nonisolated let appSupport = AppSupport()
+    /// Runs compaction steps off the actor (Replica+Compaction.swift).
+    nonisolated let compactionScheduler = CompactionScheduler()
 
     /// Opens the replica at `directory`, creating it (named `name`, default the host name) with a
     /// new group of which this device is the first admin if there is none. Fast, never touches
@@ -179,6 +181,7 @@ public actor Replica {
         guard let delta = try store.write(body) else { return }
         await replicator?.broadcast(delta)
         publish(ReplicaChange(origin: .local, records: Set(delta.allRecords.map(\.0))))
+        scheduleCompaction()
     }
 
     /// Ships a delta already committed to the store by this process (a ``batch(_:)``
@@ -186,6 +189,7 @@ public actor Replica {
     func shipCommitted(_ delta: RecordMap) async {
         await node?.broadcast(delta)
         publish(ReplicaChange(origin: .local, records: Set(delta.allRecords.map(\.0))))
+        scheduleCompaction()
     }
 
     // MARK: - Observing
@@ -497,10 +501,13 @@ public actor Replica {
             case .rosterChanged(let roster, let removedSelf):
                 if removedSelf { setStatus(.error(.removedFromGroup)) }
                 purgeRefusedWrites(roster)
+            case .gossipReceived:
+                scheduleCompaction()
             case .localChange(let delta):
                 publish(ReplicaChange(origin: .local, records: Set(delta.allRecords.map(\.0))))
             case .remoteChange(let outcome, let info):
                 publish(ReplicaChange(origin: .peer(name: info.name, replicaID: info.replicaID), records: outcome.changedRecords))
+                scheduleCompaction()
                 if case .inSync = status { setStatus(.syncing(progress: nil)) }
             }
         }

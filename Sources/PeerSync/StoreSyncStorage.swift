@@ -1,3 +1,4 @@
+import Foundation
 import PeerSyncCRDT
 import PeerSyncModel
 import PeerSyncSession
@@ -27,6 +28,14 @@ public struct StoreSyncStorage: SyncStorage {
 
     public func commitLocal(_ body: (inout ReplicaState) throws -> RecordMap?) throws -> RecordMap? {
         try store.write(body)
+    }
+
+    // MARK: - Compaction gossip
+
+    public func seenGossip() -> SeenContexts? { store.seenGossip() }
+
+    public func recordSeen(_ gossip: SeenContexts) throws -> Bool {
+        try store.recordSeen(gossip, now: UInt64(max(0, Date().timeIntervalSince1970 * 1_000)))
     }
 
     // MARK: - Attachments

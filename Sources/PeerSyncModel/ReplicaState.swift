@@ -114,6 +114,22 @@ public struct ReplicaState: Sendable {
         return outcome
     }
 
+    /// Compaction: removes those of `keys` that are purgeable under `stable` (invisible, every
+    /// dot stable; ``RecordMap/purge(_:stable:)``) and the conflict log's entries about them.
+    /// The context is kept, so they never come back. Call with no keys after loading a stored
+    /// state, so it drops echoes of what was purged before.
+    @discardableResult
+    public mutating func purge(_ keys: some Sequence<RecordKey>, stable: CausalContext) -> RecordMap.PurgeResult {
+        let result = records.purge(keys, stable: stable)
+        if !result.isEmpty, !conflicts.entries.isEmpty {
+            let gone = Set(result.keys)
+            if conflicts.entries.contains(where: { gone.contains($0.key) }) {
+                conflicts = ConflictLog(capacity: conflicts.capacity, entries: conflicts.entries.filter { !gone.contains($0.key) })
+            }
+        }
+        return result
+    }
+
     /// What a peer with context `peer` lacks (the full state for an empty context).
     public func delta(missingFrom peer: CausalContext) -> RecordMap {
         records.delta(missingFrom: peer)

@@ -57,7 +57,8 @@ public actor Replicator {
         core = ReplicationCore(settings: .init(localReplica: replicaID, name: configuration.name ?? name,
                                                timing: configuration.timing, limits: configuration.limits,
                                                transfer: configuration.transfer, identity: identity,
-                                               attachments: configuration.attachments && storage.storesAttachments),
+                                               attachments: configuration.attachments && storage.storesAttachments,
+                                               seenGossip: storage.seenGossip() != nil),
                                roster: storage.snapshot().roster(of: identity.groupID))
     }
 
@@ -146,7 +147,9 @@ public actor Replicator {
 
     /// The next bytes to write for session `id`, up to about `budget` (nil: nothing now).
     func nextBatch(_ id: SessionID, budget: Int = 64 << 10) -> OutboundBatch? {
-        let (batch, actions) = core.nextBatch(id, budget: budget, now: .now, state: storage.snapshot())
+        let storage = self.storage
+        let (batch, actions) = core.nextBatch(id, budget: budget, now: .now, state: storage.snapshot(),
+                                              gossip: { storage.seenGossip() })
         perform(actions)
         return batch
     }
@@ -283,6 +286,8 @@ public actor Replicator {
                 admit(id, entry)
             case .attachmentIO(let io):
                 performAttachmentIO(io)
+            case .recordSeen(let gossip):
+                recordSeen(gossip)
             case .log(let line):
                 let level: Logger.Level = switch line.level {
                 case .debug: .debug
@@ -313,6 +318,29 @@ public actor Replicator {
             perform(core.refuse(id, .other, "the inviter's storage failed", now: .now))
             logger.error("cannot store a joiner's roster entry", metadata: ["error": "\(error)"])
         }
+    }
+
+    /// Joins gossip into storage on the commit queue (a small write, never on the actor); if it
+    /// grew, sessions send it on with their next digest round and the engine may compact.
+    private func recordSeen(_ gossip: SeenContexts) {
+        let storage = self.storage
+        let logger = self.logger
+        commitQueue.async { [weak self] in
+            let grew: Bool
+            do {
+                grew = try storage.recordSeen(gossip)
+            } catch {
+                logger.warning("cannot store compaction gossip", metadata: ["error": "\(error)"])
+                return
+            }
+            guard grew else { return }
+            Task { await self?.gossipGrew() }
+        }
+    }
+
+    private func gossipGrew() {
+        perform(core.gossipChanged(now: .now))
+        emit(.gossipReceived)
     }
 
     private func commit(_ request: ReplicationCore.CommitRequest) {

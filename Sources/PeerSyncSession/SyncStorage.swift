@@ -15,6 +15,16 @@ public protocol SyncStorage: Sendable {
     /// entry); returns its delta, nil if nothing changed.
     func commitLocal(_ body: (inout ReplicaState) throws -> RecordMap?) throws -> RecordMap?
 
+    // Compaction gossip (docs/PROTOCOL.md §19; defaults below for a storage without it).
+
+    /// What this replica gossips now: every replica's reported context (its own included) and
+    /// the stable context; nil if this storage keeps no gossip (the node then does not
+    /// announce it).
+    func seenGossip() -> SeenContexts?
+    /// Joins gossip from a peer, durably enough (a lost report only delays compaction).
+    /// Returns whether it grew what this replica knows. Called off the actor.
+    func recordSeen(_ gossip: SeenContexts) throws -> Bool
+
     // Attachment bytes (SyncStorage+Attachments.swift has defaults for a storage without them).
     // Called off the actor, on the replicator's attachment queue; may block on files.
 
@@ -35,6 +45,11 @@ public protocol SyncStorage: Sendable {
     func promoteAttachmentPartial(_ hash: AttachmentHash) throws
     /// Deletes the partial file of `hash`, if any.
     func discardAttachmentPartial(_ hash: AttachmentHash)
+}
+
+extension SyncStorage {
+    public func seenGossip() -> SeenContexts? { nil }
+    public func recordSeen(_ gossip: SeenContexts) throws -> Bool { false }
 }
 
 /// Thrown by a ``SyncStorage`` that refuses what a peer sent (it breaks a bound the store
@@ -121,6 +136,9 @@ public enum NodeEvent: Sendable {
     case rosterChanged(Roster, removedSelf: Bool)
     /// This device's join completed: it is on the roster it received from its inviter.
     case joined(Roster)
+    /// A peer's compaction gossip (or ack) taught this replica something new about what the
+    /// group has seen: compaction may be able to go further.
+    case gossipReceived
     /// A local change this node made itself (admitting a joiner's roster entry).
     case localChange(RecordMap)
     /// Digests differed although both sides held the same events (a bug here or in the peer's

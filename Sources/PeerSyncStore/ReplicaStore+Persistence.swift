@@ -149,9 +149,12 @@ extension ReplicaStore {
         guard ValidationLimits.isValidTimestamp(clockFloor) else {
             throw BinaryDecodingError.invalid("replica clock \(clockFloor) (after the year 9999)")
         }
-        return ReplicaState(
+        var state = ReplicaState(
             replicaID: replicaID, name: replica.name, records: RecordMap(records: records, context: context),
             localSettings: localSettings, conflicts: log, clockFloor: clockFloor, physicalClock: physicalClock)
+        // Compaction: a loaded state drops echoes of what was purged (RecordMap.compactedThrough).
+        state.purge([], stable: try storedStable(db))
+        return state
     }
 
     static func summary(of delta: RecordMap) -> String {

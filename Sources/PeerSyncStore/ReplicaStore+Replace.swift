@@ -42,6 +42,8 @@ extension ReplicaStore {
                         replicaID: state.replicaID, name: state.name, records: RecordMap(records: records.map { ($0.key, $0.value) }, context: state.context),
                         localSettings: state.localSettings, conflicts: state.conflicts, clockFloor: state.clock.latest,
                         physicalClock: physicalClock)
+                    // A rebuilt map must still drop echoes of what compaction purged.
+                    state.purge([], stable: try Self.storedStable(db))
                     return replacements.count
                 }
                 inner.state = state

@@ -52,6 +52,8 @@ public final class ReplicaStore: Sendable {
         var absorbed: [StoreChange] = []
         /// Set when opening found the store copied or restored and gave it a new replica ID.
         var incarnationChange: IncarnationChange?
+        /// Compaction gossip and frontier (ReplicaStore+Compaction.swift).
+        var compaction = CompactionRecord()
     }
 
     // MARK: - Opening
@@ -75,6 +77,9 @@ public final class ReplicaStore: Sendable {
         }
         let pool = try openPool(path)
         do {
+            // Before the first table: deleted space can then go back to the file system
+            // (compaction; existing stores switch with a one-time VACUUM).
+            try pool.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA auto_vacuum = INCREMENTAL") }
             try Schema.migrator.migrate(pool)
             try pool.write { db in
                 try ReplicaRow(
@@ -151,12 +156,13 @@ public final class ReplicaStore: Sendable {
         self.physicalClock = physicalClock
         do {
             observer = try DatabaseQueue(path: path)
-            let (state, position) = try pool.read { db in
+            let (state, position, compaction) = try pool.read { db in
                 (try Self.loadState(db, physicalClock: physicalClock),
-                 try Int64.fetchOne(db, sql: "SELECT max(seq) FROM journal") ?? 0)
+                 try Int64.fetchOne(db, sql: "SELECT max(seq) FROM journal") ?? 0,
+                 try Self.loadCompaction(db))
             }
             let version = try observer.inDatabase { try Int.fetchOne($0, sql: "PRAGMA data_version") }
-            inner = Mutex(Inner(state: state, position: position, dataVersion: version))
+            inner = Mutex(Inner(state: state, position: position, dataVersion: version, compaction: compaction))
         } catch {
             throw StoreError.wrap(error, path: path)
         }

@@ -10,6 +10,8 @@ import GRDB
 /// conflict      the conflict log (bounded); `resolved` marks entries an app settled (v2)
 /// journal       every committed change as a delta blob, for other processes and `peersync log`
 /// incarnation   every replica ID this store has written with, and why it changed
+/// seen          compaction gossip: what each replica reported having seen, and when (v5)
+/// compaction    one row: the stable context, the frontier's waiting candidate, totals (v5)
 /// ```
 enum Schema {
     static let migrator: DatabaseMigrator = {
@@ -73,6 +75,27 @@ enum Schema {
         migrator.registerMigration("2026-11-24 v4: conflict.resolved") { db in
             try db.alter(table: ConflictRow.databaseTableName) { t in
                 t.add(column: "resolved", .boolean).notNull().defaults(to: false)
+            }
+        }
+        // Compaction at causal stability (issue 13): what every replica has seen (the gossip's
+        // reports, with the wall-clock time each last grew, for "held back by NAME, last seen
+        // N days ago"), and the frontier: the stable context P (a loaded state is purged with
+        // it, so echoes of purged records are dropped) and the candidate waiting for its second
+        // round. `auto_vacuum` cannot change inside a migration's transaction: an existing
+        // store switches to INCREMENTAL with a one-time VACUUM on its first compaction that
+        // purges something (ReplicaStore+Compaction.swift); new stores are created with it.
+        migrator.registerMigration("2026-11-25 v5: seen, compaction") { db in
+            try db.create(table: "seen", options: .withoutRowID) { t in
+                t.column("replicaID", .blob).primaryKey()
+                t.column("context", .blob).notNull()
+                t.column("reportedAt", .integer).notNull()
+            }
+            try db.create(table: "compaction") { t in
+                t.column("singleton", .integer).primaryKey().check { $0 == 1 }
+                t.column("stable", .blob).notNull()
+                t.column("candidate", .blob)
+                t.column("purgedRecords", .integer).notNull().defaults(to: 0)
+                t.column("lastRunAt", .integer)
             }
         }
         return migrator

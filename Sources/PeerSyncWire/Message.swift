@@ -56,6 +56,8 @@ public struct HelloFeatures: OptionSet, Sendable, Hashable {
 
     /// Serves and reads attachment messages (types 13–15, docs/PROTOCOL.md "Attachments").
     public static let attachments = HelloFeatures(rawValue: 1 << 0)
+    /// Sends and reads the compaction gossip (`seen`, type 16, docs/PROTOCOL.md §19).
+    public static let seenGossip = HelloFeatures(rawValue: 1 << 1)
 }
 
 /// The first message each side sends.

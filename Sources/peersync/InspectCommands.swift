@@ -30,6 +30,7 @@ struct Status: AsyncParsableCommand {
         var syncedSettings: Int
         var localSettings: Int
         var conflicts: Int
+        var compaction: CompactionOutput
         var node: NodeStatusFile?
     }
 
@@ -45,7 +46,8 @@ struct Status: AsyncParsableCommand {
             groupID: replica.groupID.description, name: state.name, store: options.directory,
             digest: state.digest.description, records: try store.visibleCounts().filter { $0.key != RecordKey.syncedSettings.collection && !$0.key.hasPrefix("_") },
             syncedSettings: state.settings(scope: .synced).count, localSettings: state.settings(scope: .local).count,
-            conflicts: state.conflicts.entries.count, node: runningNode(options))
+            conflicts: state.conflicts.entries.count, compaction: CompactionOutput(replica.compactionStatus()),
+            node: runningNode(options))
         if json { return try printJSON(output) }
         print("replica   \(output.replicaID) (\(output.name))")
         print("device    \(output.deviceID) — \(output.role)")
@@ -53,6 +55,7 @@ struct Status: AsyncParsableCommand {
         print("digest    \(output.digest)")
         print("records   " + (output.records.isEmpty ? "none" : output.records.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", ")))
         print("settings  \(output.syncedSettings) synced, \(output.localSettings) local; conflicts logged: \(output.conflicts)")
+        print("storage   " + output.compaction.summary)
         guard let node = output.node else { return print("node      not running (start one with `peersync run`)") }
         print("node      pid \(node.pid), listening on \(node.listen)\(node.insecure ? " — INSECURE" : "")")
         for peer in node.peers {
@@ -66,6 +69,60 @@ struct Status: AsyncParsableCommand {
             print("  dialing \(health.dialing) of \(health.dialTargets) addresses now (peak \(health.dialingPeak)), "
                 + "\(health.rejectedDialTargets) backing off after refusals, \(health.dialAttempts) attempts")
         }
+    }
+}
+
+/// Compaction as `status --json` and `compact --json` print it (docs/CLI.md).
+struct CompactionOutput: Codable {
+    struct Holder: Codable {
+        var deviceID: String
+        var name: String
+        var lastSeen: Date?
+    }
+    /// Deleted records still held (not stable yet).
+    var deletedRecords: Int
+    var heldBackBy: [Holder]
+    var purgedRecords: Int
+    var lastRunAt: Date?
+    var blocked: String?
+    /// The status line ("compaction held back by tablet, last seen 41 days ago").
+    var summary: String
+
+    init(_ status: CompactionStatus) {
+        deletedRecords = status.deletedRecords
+        heldBackBy = status.heldBackBy.map { Holder(deviceID: $0.device.humanForm, name: $0.name, lastSeen: $0.lastSeen) }
+        purgedRecords = status.purgedRecords
+        lastRunAt = status.lastRunAt
+        blocked = status.blocked
+        summary = status.summary()
+    }
+}
+
+struct Compact: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Purge deleted records every device has seen; say what holds the rest back.")
+    @OptionGroup var options: StoreOptions
+    @Flag(help: "Print JSON (docs/CLI.md).") var json = false
+
+    struct Output: Codable {
+        var purgedRecords: Int
+        var purgedFields: Int
+        var bytesBefore: Int
+        var bytesAfter: Int
+        var compaction: CompactionOutput
+    }
+
+    func run() async throws {
+        let replica = try options.openReplica()
+        let report = try await replica.compact()
+        let run = report.run ?? CompactionRun()
+        let output = Output(purgedRecords: run.purgedRecords, purgedFields: run.purgedFields,
+                            bytesBefore: report.run == nil ? replica.store.bytesOnDisk() : run.bytesBefore,
+                            bytesAfter: report.run == nil ? replica.store.bytesOnDisk() : run.bytesAfter,
+                            compaction: CompactionOutput(report.status))
+        if json { return try printJSON(output) }
+        print("purged    \(output.purgedRecords) deleted records (\(output.purgedFields) fields); store \(output.bytesBefore) → \(output.bytesAfter) bytes")
+        print("storage   " + output.compaction.summary)
     }
 }
 

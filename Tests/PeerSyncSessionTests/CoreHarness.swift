@@ -17,6 +17,8 @@ struct CoreNode {
     var failNextCommit = false
     /// Attachment file work the core asked for (tests answer it themselves).
     var attachmentIO: [AttachmentIO] = []
+    /// Compaction gossip this node's "storage" joined (reports of others; nil: it keeps none).
+    var seen: SeenContexts?
     /// The latest instant this node was driven at (opening sessions, commits).
     var lastNow: MonotonicInstant?
 
@@ -26,7 +28,7 @@ struct CoreNode {
     /// Node `name` ("a"…"f") of ``group``; `group: nil` makes a device of no group's roster.
     init(_ name: String, maxFrameBytes: Int = WireLimits.defaultMaxFrameBytes, timing: SyncTiming = SyncTiming(),
          outboxDeltaBytes: Int? = nil, transfer: TransferMode = .deltas, identity: LocalIdentity? = nil,
-         attachments: Bool = false) {
+         attachments: Bool = false, seenGossip: Bool = false) {
         state = ReplicaState(name: name)
         let member = Self.group.names.firstIndex(of: name) ?? 0
         let identity = identity ?? Self.group.identity(member)
@@ -40,12 +42,21 @@ struct CoreNode {
         var limits = SyncLimits()
         limits.maxFrameBytes = maxFrameBytes
         if let outboxDeltaBytes { limits.outboxDeltaBytes = outboxDeltaBytes }
+        seen = seenGossip ? SeenContexts() : nil
         core = ReplicationCore(settings: .init(localReplica: state.replicaID, name: name, timing: timing, limits: limits,
-                                               transfer: transfer, identity: identity, attachments: attachments),
+                                               transfer: transfer, identity: identity, attachments: attachments,
+                                               seenGossip: seenGossip),
                                roster: state.roster(of: identity.groupID))
     }
 
     var replicaID: ReplicaID { state.replicaID }
+
+    /// What this node gossips: what it joined, and its own context.
+    var gossip: SeenContexts? {
+        guard var known = seen else { return nil }
+        known.record(replicaID, seen: state.context)
+        return known
+    }
 
     mutating func handle(_ actions: [ReplicationCore.Action]) {
         for action in actions {
@@ -62,6 +73,14 @@ struct CoreNode {
                                            state: state))
             case .attachmentIO(let io):
                 attachmentIO.append(io)
+            case .recordSeen(let gossip):
+                guard var known = seen else { break }
+                let before = known
+                var others = gossip
+                others.retain { $0 != replicaID }
+                known.merge(others)
+                seen = known
+                if known != before { handle(core.gossipChanged(now: lastNow ?? ContinuousClock.now)) }
             }
         }
     }
@@ -167,7 +186,9 @@ struct CoreLink {
     ) throws -> (moved: Bool, closed: Bool) {
         var moved = false
         while true {
-            let (batch, actions) = source.core.nextBatch(sourceSession, budget: 1 << 20, now: now, state: source.state)
+            let gossip = source.gossip
+            let (batch, actions) = source.core.nextBatch(sourceSession, budget: 1 << 20, now: now, state: source.state,
+                                                         gossip: { gossip })
             source.handle(actions)
             guard let batch else { return (moved, false) }
             moved = true

@@ -7,10 +7,27 @@ import PeerSyncStore
 //
 //   peersync-store-child write DIR COUNT   one Location per transaction; after each commit
 //                                          prints "committed <uuid>" and flushes
+//   peersync-store-child compact DIR       purges every deleted record (the store is its group's
+//                                          only replica: its whole context is stable), 50 per
+//                                          batch, printing "batch <n> purged <total>" after each
 func say(_ line: String) { FileHandle.standardOutput.write(Data((line + "\n").utf8)) }  // unbuffered
 let arguments = CommandLine.arguments
+if arguments.count == 3, arguments[1] == "compact" {
+    do {
+        let store = try ReplicaStore.open(directory: arguments[2])
+        let run = try store.compact(stable: store.state.context, batchSize: 50, journalGrace: .zero) { run in
+            say("batch \(run.batches) purged \(run.purgedRecords)")
+            return true
+        }
+        say("done \(run.purgedRecords)")
+    } catch {
+        FileHandle.standardError.write(Data("peersync-store-child: \(error)\n".utf8))
+        exit(1)
+    }
+    exit(0)
+}
 guard arguments.count == 4, arguments[1] == "write", let count = Int(arguments[3]) else {
-    FileHandle.standardError.write(Data("usage: peersync-store-child write DIR COUNT\n".utf8))
+    FileHandle.standardError.write(Data("usage: peersync-store-child write DIR COUNT | compact DIR\n".utf8))
     exit(2)
 }
 do {

@@ -17,6 +17,8 @@ struct OutboundQueue {
     var ping: UInt64?
     var ackDue = false
     var digestDue = false
+    /// Send the compaction gossip if it changed (it also rides with every ack and digest).
+    var gossipDue = false
     /// Send our digest breakdown (a divergence was found).
     var breakdownDue = false
     /// Local and forwarded deltas, joined.

@@ -58,6 +58,12 @@ struct PeerSession {
     var neighborsSent: [ReplicaID]?
     /// The peer's digest differed from ours: send an ack with the next digest.
     var ackOwed = false
+    /// The compaction gossip last sent to the peer (a `seen` goes only when it changed).
+    var seenSent: SeenContexts?
+    /// The stable context of the peer's last `seen` (nil before one).
+    var peerStable: CausalContext?
+    /// The local gossip grew since the last digest round: send it with the next one.
+    var gossipPending = false
     /// When the watchdog last repaired this session by a full-state exchange.
     var lastRepairAt: MonotonicInstant?
     /// Received catch-up chunks waiting to be committed together.
@@ -108,6 +114,7 @@ struct PeerSession {
         }
         out.ackDue = false
         out.digestDue = false
+        out.gossipDue = false
         out.ping = nil
         out.pong = nil
     }
@@ -127,7 +134,7 @@ extension PeerSession {
     /// encodes as delivered to the peer. Returns nil when there is nothing to send.
     mutating func nextBatch(
         budget: Int, state: ReplicaState, neighbors: [ReplicaID], chunkTarget: Int, now: MonotonicInstant,
-        onSkipped: (RecordKey, String) -> Void
+        gossip: () -> SeenContexts? = { nil }, onSkipped: (RecordKey, String) -> Void
     ) -> OutboundBatch? {
         var bytes: [UInt8] = []
         var frames = 0
@@ -156,6 +163,15 @@ extension PeerSession {
             if let nonce = out.ping {
                 add(Message.ping(nonce).encodedFrame())
                 out.ping = nil
+            }
+            // The compaction gossip rides with acks and digest rounds (when an exchange settles),
+            // and only if it changed since the last one to this peer (PROTOCOL §19).
+            let settles = out.ackDue || out.digestDue || out.gossipDue
+            out.gossipDue = false
+            if settles, peer?.features.contains(.seenGossip) == true, let seen = gossip(), seen != seenSent {
+                let frame = SeenMessage.encodedFrame(seen)
+                if frame.count <= peerMaxFrame { add(frame) }
+                seenSent = seen
             }
             if out.ackDue {
                 out.ackDue = false

@@ -49,6 +49,11 @@ extension ReplicationCore {
                     actions += refuse(id, .timeout, "no frame for \(formatSeconds(silence.millisecondsDouble / 1000))", now: now)
                     continue
                 }
+                if session.gossipPending, roundDue {
+                    session.gossipPending = false
+                    session.out.gossipDue = true
+                    actions.append(.wake(id))
+                }
                 if session.changedSinceDigest, roundDue {
                     session.changedSinceDigest = false
                     session.out.digestDue = true
@@ -72,7 +77,8 @@ extension ReplicationCore {
 
     /// The next bytes for a session's transport (nil: nothing now). `skipped` reports fields too
     /// large for the peer's frames.
-    mutating func nextBatch(_ id: SessionID, budget: Int, now: MonotonicInstant, state: ReplicaState) -> (OutboundBatch?, [Action]) {
+    mutating func nextBatch(_ id: SessionID, budget: Int, now: MonotonicInstant, state: ReplicaState,
+                            gossip: () -> SeenContexts? = { nil }) -> (OutboundBatch?, [Action]) {
         guard var session = sessions[id] else { return (nil, []) }
         var actions: [Action] = []
         if session.out.deltas != nil || session.out.catchUp != nil || session.out.nextCatchUp != nil || session.out.resync {
@@ -81,7 +87,8 @@ extension ReplicationCore {
         let neighbors = neighborList
         let address = session.origin.address
         let batch = session.nextBatch(
-            budget: budget, state: state, neighbors: neighbors, chunkTarget: settings.limits.chunkTargetBytes, now: now
+            budget: budget, state: state, neighbors: neighbors, chunkTarget: settings.limits.chunkTargetBytes, now: now,
+            gossip: gossip
         ) { key, field in
             actions.append(.log(CoreLog(.warning, "a field is too large for the peer's frames and is not sent to it",
                                         ["record": "\(key)", "field": field, "peer.address": address])))

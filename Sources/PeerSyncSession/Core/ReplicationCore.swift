@@ -22,6 +22,8 @@ struct ReplicationCore {
         var identity: LocalIdentity
         /// Serve and fetch attachment bytes (announced in the hello).
         var attachments = false
+        /// Send and read the compaction gossip (`seen`, type 16; announced in the hello).
+        var seenGossip = false
     }
 
     enum Action {
@@ -38,6 +40,9 @@ struct ReplicationCore {
         case admitJoiner(SessionID, RosterEntry)
         /// File work for attachments, on the shell's attachment queue (ReplicationCore+Attachments.swift).
         case attachmentIO(AttachmentIO)
+        /// Join this compaction gossip into storage (ReplicationCore+Gossip.swift); if it grew,
+        /// report ``gossipChanged(now:)``.
+        case recordSeen(SeenContexts)
     }
 
     struct CommitRequest {
@@ -92,6 +97,14 @@ struct ReplicationCore {
         attachmentState = AttachmentCoreState(limits: settings.limits)
     }
 
+    /// The optional features this node announces in its hello.
+    var localFeatures: HelloFeatures {
+        var features: HelloFeatures = []
+        if settings.attachments { features.insert(.attachments) }
+        if settings.seenGossip { features.insert(.seenGossip) }
+        return features
+    }
+
     var skewMilliseconds: UInt64 { UInt64(max(0, settings.timing.maxClockSkew.wholeMilliseconds)) }
 
     // MARK: - Sessions opening and ending
@@ -106,7 +119,7 @@ struct ReplicationCore {
         let hello = Hello(replicaID: settings.localReplica, name: settings.name, wallClockMilliseconds: wallClock,
                           context: state.context, maxFrameBytes: UInt64(settings.limits.maxFrameBytes), digest: state.digest,
                           groupID: settings.identity.groupID.bytes, deviceKey: settings.identity.key.publicKey.x963, nonce: nonce,
-                          features: settings.attachments ? .attachments : [])
+                          features: localFeatures)
         var session = PeerSession(
             id: id, origin: origin,
             machine: SessionStateMachine(localReplica: settings.localReplica, maxClockSkewMilliseconds: skewMilliseconds),
@@ -200,6 +213,10 @@ struct ReplicationCore {
             sessions[id] = session
             return receiveAttachment(id, type: type, body: body, now: now)
         }
+        if settings.seenGossip, type == SeenMessage.kind {
+            sessions[id] = session
+            return receiveSeen(id, body: body, now: now)
+        }
         let decisions = session.machine.receive(type: type, body: body, now: wallClock)
         sessions[id] = session
         var actions: [Action] = []
@@ -273,7 +290,7 @@ struct ReplicationCore {
                 sessions[id]!.lastAckContext = context
             }
             if let neighbors { sessions[id]!.neighbors = Set(neighbors) }
-            return []
+            return ackedForGossip(id)
         case .digest(let digest, _):
             guard sessions[id]!.phase == .established, let info = sessions[id]!.info else { return [] }
             if digest == state.digest {
@@ -285,6 +302,10 @@ struct ReplicationCore {
             sessions[id]!.changedSinceDigest = true
             sessions[id]!.ackOwed = true
             guard sessions[id]!.lastAckContext == state.context else { return [] }
+            // Digests of replicas that purged with different stable contexts differ although
+            // both are right (docs/ARCHITECTURE.md, "Compaction"): not a divergence. Each purges
+            // with the other's once it learns it (the gossip), and the next round compares.
+            if let peerStable = sessions[id]!.peerStable, peerStable != state.records.compactedThrough { return [] }
             return watchdog(id, info: info, now: now, state: state)
         case .breakdown(_, let theirs):
             guard let info = sessions[id]!.info else { return [] }

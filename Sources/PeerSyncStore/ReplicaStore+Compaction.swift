@@ -1,0 +1,391 @@
+import Foundation
+import GRDB
+import PeerSyncCRDT
+import PeerSyncModel
+import Synchronization
+
+/// What a store keeps for compaction at causal stability (docs/ARCHITECTURE.md, "Compaction at
+/// causal stability"): the gossip's reports with the time each last grew here, and the frontier
+/// (the stable context `P` and its waiting candidate). Persisted by migration v5.
+public struct CompactionRecord: Sendable, Equatable {
+    /// What each replica reported having seen (never this replica's own: that is its context).
+    public var reports: [ReplicaID: CausalContext] = [:]
+    /// Wall-clock milliseconds when each report last grew here.
+    public var reportedAt: [ReplicaID: UInt64] = [:]
+    /// The stable context and the candidate waiting for its second round.
+    public var frontier = CompactionFrontier()
+    /// Records purged by this store, in total.
+    public var purgedRecords = 0
+    /// Wall-clock milliseconds of the last compaction run, if any.
+    public var lastRunAt: UInt64?
+
+    public init() {}
+
+    /// The gossip this replica sends: the reports, its own context under its own ID, and `P`.
+    public func gossip(replicaID: ReplicaID, context: CausalContext) -> SeenContexts {
+        var seen = SeenContexts(reports: reports, stable: frontier.stable)
+        seen.record(replicaID, seen: context)
+        return seen
+    }
+}
+
+/// What one compaction run did.
+public struct CompactionRun: Sendable, Equatable {
+    /// Records purged, with their field registers and presence entries.
+    public var purgedRecords = 0
+    public var purgedFields = 0
+    public var purgedPresence = 0
+    /// Transactions (batches) it took.
+    public var batches = 0
+    /// Deleted records still held: their deletion is not stable yet.
+    public var remainingDeleted = 0
+    /// Journal entries dropped (they held deltas of purged records).
+    public var journalEntriesDropped = 0
+    /// Size of the database file and its WAL before and after.
+    public var bytesBefore = 0
+    public var bytesAfter = 0
+
+    public init() {}
+}
+
+extension ReplicaStore {
+    /// Records per compaction transaction: a batch holds the store's lock (and SQLite's write
+    /// lock) for a few milliseconds, so edits never wait long.
+    public static let compactionBatchSize = 1_000
+
+    /// The compaction bookkeeping as this process last loaded or wrote it.
+    public var compaction: CompactionRecord { inner.withLock { $0.compaction } }
+
+    /// What this replica gossips now (``CompactionRecord/gossip(replicaID:context:)``).
+    public func seenGossip() -> SeenContexts {
+        inner.withLock { $0.compaction.gossip(replicaID: $0.state.replicaID, context: $0.state.context) }
+    }
+
+    /// Joins gossip (a peer's `seen` message, or a peer's context from its ack as one report):
+    /// reports grow by union, stamped with `now` (wall-clock ms) when they grew; the peer's
+    /// stable context joins `P`, cut to what this replica has seen (a stable dot is one every
+    /// member has seen; one this replica lacks is not stable here yet). This replica's own ID
+    /// is skipped. Writes only what grew, without an fsync of its own (losing a report to a
+    /// crash only delays compaction). Returns whether anything grew.
+    @discardableResult
+    public func recordSeen(_ gossip: SeenContexts, now: UInt64) throws(StoreError) -> Bool {
+        do {
+            return try inner.withLock { inner -> Bool in
+                let own = inner.state.replicaID
+                var record = inner.compaction
+                var grown: [ReplicaID] = []
+                for (replica, context) in gossip.reports where replica != own {
+                    let before = record.reports[replica]
+                    if let before, before.includes(context) { continue }
+                    var joined = before ?? CausalContext()
+                    joined.merge(context)
+                    record.reports[replica] = joined
+                    record.reportedAt[replica] = now
+                    grown.append(replica)
+                }
+                let stable = gossip.stable.intersection(inner.state.context)
+                let stableGrew = !record.frontier.stable.includes(stable)
+                if stableGrew { record.frontier.merge(CompactionFrontier(stable: stable)) }
+                guard !grown.isEmpty || stableGrew else { return false }
+                try run { db in
+                    let upsert = try db.cachedStatement(sql: """
+                        INSERT INTO seen (replicaID, context, reportedAt) VALUES (?, ?, ?)
+                        ON CONFLICT (replicaID) DO UPDATE SET context = excluded.context, reportedAt = excluded.reportedAt
+                        """)
+                    for replica in grown {
+                        // Another process may have recorded more: join with what is stored.
+                        var context = record.reports[replica]!
+                        if let stored = try Data.fetchOne(db, sql: "SELECT context FROM seen WHERE replicaID = ?",
+                                                          arguments: [Data(replica.bigEndianBytes)]) {
+                            context.merge(try CausalContext(blob: Array(stored)))
+                        }
+                        record.reports[replica] = context
+                        try upsert.execute(arguments: [Data(replica.bigEndianBytes), Data(context.encodedBlob()),
+                                                       Int64(clamping: now)])
+                    }
+                    if stableGrew { try Self.saveFrontier(db, &record.frontier) }
+                }
+                inner.compaction = record
+                return true
+            }
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+
+    /// Drops the reports of replicas for which `keep` is false (removed devices, older
+    /// incarnations), so the table stays bounded by the roster.
+    public func retainSeen(_ keep: (ReplicaID) -> Bool) throws(StoreError) {
+        do {
+            try inner.withLock { inner in
+                let gone = inner.compaction.reports.keys.filter { !keep($0) }
+                guard !gone.isEmpty else { return }
+                try run { db in
+                    for replica in gone {
+                        try db.execute(sql: "DELETE FROM seen WHERE replicaID = ?", arguments: [Data(replica.bigEndianBytes)])
+                    }
+                }
+                for replica in gone {
+                    inner.compaction.reports[replica] = nil
+                    inner.compaction.reportedAt[replica] = nil
+                }
+            }
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+
+    /// Stores an advanced frontier (its stable context joins the stored one; the candidate
+    /// replaces it).
+    public func saveFrontier(_ frontier: CompactionFrontier) throws(StoreError) {
+        do {
+            try inner.withLock { inner in
+                var merged = frontier
+                try run { db in try Self.saveFrontier(db, &merged) }
+                inner.compaction.frontier = merged
+            }
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+
+    /// Purges the deleted records whose every dot is in `stable`, a bounded batch per
+    /// transaction: each batch reads the next `batchSize` invisible rows (`visible = 0`, in key
+    /// order), purges the purgeable ones from memory and deletes their rows (and their conflict
+    /// rows) in one transaction, records `stable` as `P`, and returns the freed pages to the file
+    /// system (`PRAGMA incremental_vacuum`). Between batches the lock is free, so edits and sync
+    /// go on. At the end it drops journal entries older than `journalGrace` (they hold deltas
+    /// of what was purged; the newest entry stays) and truncates the WAL.
+    ///
+    /// The first run that purges something on a store made before `auto_vacuum = INCREMENTAL`
+    /// switches it with a one-time `VACUUM` (it rewrites the file once).
+    ///
+    /// `stable` must be stable for this replica's group (``CompactionFrontier``); it is joined
+    /// into the stored `P`. `shouldContinue` is asked after each batch.
+    @discardableResult
+    public func compact(
+        stable: CausalContext, batchSize: Int = ReplicaStore.compactionBatchSize, journalGrace: Duration = .seconds(60),
+        shouldContinue: (CompactionRun) -> Bool = { _ in true }
+    ) throws(StoreError) -> CompactionRun {
+        var run = CompactionRun()
+        run.bytesBefore = bytesOnDisk()
+        do {
+            var after: (collection: String, id: Data)?
+            var finished = false
+            while !finished {
+                finished = try compactBatch(stable: stable, limit: max(1, batchSize), after: &after, run: &run)
+                run.batches += 1
+                if !finished && !shouldContinue(run) { break }
+            }
+            if run.purgedRecords > 0 {
+                try returnSpace(journalGrace: journalGrace, run: &run)
+            }
+            try flushToDisk()
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+        run.remainingDeleted = state.records.invisibleRecordCount
+        run.bytesAfter = bytesOnDisk()
+        return run
+    }
+
+    /// One batch; returns whether the scan reached the end of the table.
+    private func compactBatch(stable: CausalContext, limit: Int, after: inout (collection: String, id: Data)?,
+                              run result: inout CompactionRun) throws -> Bool {
+        try inner.withLock { inner -> Bool in
+            // Take the state out so it is uniquely referenced (see `committing`).
+            var state = inner.state
+            inner.state = ReplicaState(replicaID: state.replicaID, name: state.name)
+            var position = inner.position
+            var absorbed: [StoreChange] = []
+            var record = inner.compaction
+            var purged = RecordMap.PurgeResult()
+            let finished: Bool
+            do {
+                finished = try run { db -> Bool in
+                    absorbed = try catchUp(db, &state, &position)
+                    let rows: [Row] = if let after {
+                        try Row.fetchAll(db.cachedStatement(sql: """
+                            SELECT collection, id FROM record WHERE visible = 0 AND (collection > ? OR (collection = ? AND id > ?))
+                            ORDER BY collection, id LIMIT ?
+                            """), arguments: [after.collection, after.collection, after.id, limit])
+                    } else {
+                        try Row.fetchAll(db.cachedStatement(sql: """
+                            SELECT collection, id FROM record WHERE visible = 0 ORDER BY collection, id LIMIT ?
+                            """), arguments: [limit])
+                    }
+                    if let last = rows.last { after = (last[0], last[1]) }
+                    let keys = rows.compactMap { row -> RecordKey? in
+                        UUID(data: row[1]).map { RecordKey(collection: row[0], id: $0) }
+                    }
+                    purged = state.purge(keys, stable: stable)
+                    var frontier = record.frontier
+                    frontier.merge(CompactionFrontier(stable: stable))
+                    record.frontier = frontier
+                    try Self.saveFrontier(db, &record.frontier)
+                    if !purged.isEmpty {
+                        let delete = try db.cachedStatement(sql: "DELETE FROM record WHERE collection = ? AND id = ?")
+                        for key in purged.keys { try delete.execute(arguments: [key.collection, key.id.data]) }
+                        // The conflict log holds at most ~1,000 rows: look them up once per batch.
+                        let gone = Set(purged.keys)
+                        for row in try Row.fetchAll(db, sql: "SELECT seq, collection, recordID FROM conflict") {
+                            guard let id = UUID(data: row[2]), gone.contains(RecordKey(collection: row[1], id: id)) else { continue }
+                            try db.execute(sql: "DELETE FROM conflict WHERE seq = ?", arguments: [row[0] as Int64])
+                        }
+                        record.purgedRecords += purged.keys.count
+                        record.lastRunAt = UInt64(max(0, physicalClock()))
+                        try db.execute(sql: "UPDATE compaction SET purgedRecords = ?, lastRunAt = ?",
+                                       arguments: [record.purgedRecords, Int64(clamping: record.lastRunAt!)])
+                        // Other processes hold the purged records: a marker without a delta makes them reload.
+                        var marker = JournalRow(committedAt: Int64(clamping: physicalClock()), origin: "compaction",
+                                                summary: "purged \(purged.keys.count) deleted records", delta: nil)
+                        try marker.insert(db)
+                        position = marker.seq ?? position
+                        try db.execute(sql: "PRAGMA incremental_vacuum")
+                    }
+                    return rows.count < limit
+                }
+            } catch {
+                inner.state = (try? pool.read { db in try Self.loadState(db, physicalClock: physicalClock) }) ?? state
+                if !absorbed.isEmpty { commits.publish(state: inner.state, absorbed: absorbed, deltas: []) }
+                throw error
+            }
+            inner.state = state
+            inner.position = position
+            inner.absorbed += absorbed
+            inner.compaction = record
+            if !purged.isEmpty || !absorbed.isEmpty {
+                let marker = purged.isEmpty ? [] : [StoreChange(sequence: position, origin: "compaction", delta: nil)]
+                commits.publish(state: state, absorbed: absorbed + marker, deltas: [])
+            }
+            result.purgedRecords += purged.keys.count
+            result.purgedFields += purged.fieldCount
+            result.purgedPresence += purged.presenceCount
+            return finished
+        }
+    }
+
+    /// Returns free pages to the file system and truncates the WAL (what a compaction run does
+    /// at its end), e.g. before measuring the file.
+    public func returnFreeSpace() throws(StoreError) {
+        do {
+            try pool.writeWithoutTransaction { db in
+                try db.execute(sql: "PRAGMA incremental_vacuum")
+                _ = try? Row.fetchOne(db, sql: "PRAGMA wal_checkpoint(TRUNCATE)")
+            }
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+
+    /// After a run that purged: old journal entries go, the file switches to incremental
+    /// vacuum if it is not yet, free pages go back to the file system, the WAL is truncated.
+    private func returnSpace(journalGrace: Duration, run result: inout CompactionRun) throws {
+        let cutoff = Int64(clamping: physicalClock()) - Int64(clamping: journalGrace.wholeMilliseconds)
+        try run { db in
+            try db.execute(sql: """
+                DELETE FROM journal WHERE committedAt < ? AND seq < (SELECT max(seq) FROM journal)
+                """, arguments: [cutoff])
+            result.journalEntriesDropped = db.changesCount
+        }
+        try pool.writeWithoutTransaction { db in
+            if try Int.fetchOne(db, sql: "PRAGMA auto_vacuum") != 2 {
+                // Takes effect on an existing database only through a VACUUM (once per store).
+                try db.execute(sql: "PRAGMA auto_vacuum = INCREMENTAL")
+                try db.execute(sql: "VACUUM")
+            }
+            try db.execute(sql: "PRAGMA incremental_vacuum")
+            // Best effort: a reader in another process may keep the WAL from being truncated now.
+            _ = try? Row.fetchOne(db, sql: "PRAGMA wal_checkpoint(TRUNCATE)")
+        }
+    }
+
+    /// Writes `frontier`, its stable context joined with the stored one (another process may
+    /// have advanced it), and leaves the joined one in `frontier`.
+    static func saveFrontier(_ db: Database, _ frontier: inout CompactionFrontier) throws {
+        if let row = try Row.fetchOne(db, sql: "SELECT stable FROM compaction") {
+            let stored = try CausalContext(blob: Array(row[0] as Data))
+            if !frontier.stable.includes(stored) { frontier.merge(CompactionFrontier(stable: stored)) }
+        }
+        try db.execute(sql: """
+            INSERT INTO compaction (singleton, stable, candidate) VALUES (1, ?, ?)
+            ON CONFLICT (singleton) DO UPDATE SET stable = excluded.stable, candidate = excluded.candidate
+            """, arguments: [Data(frontier.stable.encodedBlob()), frontier.candidate.map { Data(encode($0)) }])
+    }
+
+    /// The compaction bookkeeping on disk.
+    static func loadCompaction(_ db: Database) throws -> CompactionRecord {
+        var record = CompactionRecord()
+        for row in try Row.fetchAll(db, sql: "SELECT replicaID, context, reportedAt FROM seen") {
+            guard let replica = ReplicaID(bigEndianBytes: Array(row[0] as Data)) else {
+                throw BinaryDecodingError.invalid("seen: replica ID")
+            }
+            let context = try CausalContext(blob: Array(row[1] as Data))
+            if let violation = context.limitViolation { throw BinaryDecodingError.invalid("seen: \(violation)") }
+            record.reports[replica] = context
+            record.reportedAt[replica] = UInt64(max(0, row[2] as Int64))
+        }
+        if let row = try Row.fetchOne(db, sql: "SELECT stable, candidate, purgedRecords, lastRunAt FROM compaction") {
+            let stable = try CausalContext(blob: Array(row[0] as Data))
+            let candidate = try (row[1] as Data?).map { try decodeCandidate(Array($0)) }
+            record.frontier = CompactionFrontier(stable: stable, candidate: candidate)
+            record.purgedRecords = row[2]
+            record.lastRunAt = (row[3] as Int64?).map { UInt64(max(0, $0)) }
+        }
+        return record
+    }
+
+    /// The stable context on disk (empty before the first compaction).
+    static func storedStable(_ db: Database) throws -> CausalContext {
+        guard let blob = try Data.fetchOne(db, sql: "SELECT stable FROM compaction") else { return CausalContext() }
+        return try CausalContext(blob: Array(blob))
+    }
+
+    /// A candidate as a blob: version 1, member count, member IDs, meet and writers contexts
+    /// (each length-prefixed).
+    static func encode(_ candidate: CompactionFrontier.Candidate) -> [UInt8] {
+        var out: [UInt8] = [1]
+        Varint.append(UInt64(candidate.members.count), to: &out)
+        for member in candidate.members.sorted() { member.appendBigEndianBytes(to: &out) }
+        for context in [candidate.meet, candidate.writers] {
+            let blob = context.encodedBlob()
+            Varint.append(UInt64(blob.count), to: &out)
+            out += blob
+        }
+        return out
+    }
+
+    static func decodeCandidate(_ blob: [UInt8]) throws -> CompactionFrontier.Candidate {
+        var reader = blob[...]
+        func varint() throws -> Int {
+            var value: UInt64 = 0
+            var shift: UInt64 = 0
+            while let byte = reader.popFirst() {
+                value |= UInt64(byte & 0x7f) << shift
+                if byte & 0x80 == 0 { return value <= UInt64(Int32.max) ? Int(value) : -1 }
+                shift += 7
+                if shift >= 64 { break }
+            }
+            throw BinaryDecodingError.invalid("compaction candidate")
+        }
+        guard reader.popFirst() == 1 else { throw BinaryDecodingError.invalid("compaction candidate version") }
+        let count = try varint()
+        guard count >= 0, count <= ValidationLimits.maxContextReplicas, reader.count >= count * 16 else {
+            throw BinaryDecodingError.invalid("compaction candidate members")
+        }
+        var members = Set<ReplicaID>()
+        for _ in 0..<count {
+            members.insert(ReplicaID(bigEndianBytes: reader.prefix(16))!)
+            reader = reader.dropFirst(16)
+        }
+        var contexts: [CausalContext] = []
+        for _ in 0..<2 {
+            let length = try varint()
+            guard length >= 0, reader.count >= length else { throw BinaryDecodingError.invalid("compaction candidate context") }
+            contexts.append(try CausalContext(blob: Array(reader.prefix(length))))
+            reader = reader.dropFirst(length)
+        }
+        guard reader.isEmpty else { throw BinaryDecodingError.invalid("compaction candidate: trailing bytes") }
+        return CompactionFrontier.Candidate(members: members, meet: contexts[0], writers: contexts[1])
+    }
+}
