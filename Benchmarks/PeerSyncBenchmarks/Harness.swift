@@ -19,7 +19,7 @@ struct Benchmark: Sendable {
         ConvergenceBenchmarks.w4Memory, ConvergenceBenchmarks.mesh, MultiprocessBenchmark.multiprocess,
         HandshakeBenchmark.handshake,
         AppBenchmarks.liveQuery, AppBenchmarks.attachmentAdd, AttachmentTransferBenchmark.transfer,
-        HostileInputBenchmarks.hostileInput,
+        HostileInputBenchmarks.hostileInput, CompactionBenchmark.deleteAll,
     ]
 }
 

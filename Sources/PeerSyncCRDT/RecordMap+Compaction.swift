@@ -109,7 +109,33 @@ extension RecordMap {
             if !stable.contains(Dot(replica: writer, counter: entry.counter)) { return false }
             if let removal = entry.removedBy, !stable.contains(removal) { return false }
         }
-        return !incoming.isEmpty
+        return !incoming.isEmpty && !collides(key, incoming)
+    }
+
+    /// Whether a dot of `incoming` (a record not held) is held here by a *different* record. One
+    /// event writes or removes one record, so this happens only when a dot was issued twice: a
+    /// store restored from an older copy wrote again counters its former self had used (before
+    /// a peer noticed and it continued as a new replica, ARCHITECTURE "Incarnations"). Both
+    /// sides then hold the dot in their context, and a stable context may cover it, although
+    /// each lacks the other's record; that record is new here, not an echo of a purge.
+    ///
+    /// - Complexity: O(dots of `incoming` × records listed under each) through the dot index;
+    ///   O(records held) per call without one.
+    func collides(_ key: RecordKey, _ incoming: RecordState) -> Bool {
+        var found = false
+        incoming.forEachDot { dot in
+            guard !found else { return }
+            func check(_ collection: String, _ id: UUID) {
+                guard !found, collection != key.collection || id != key.id,
+                      let held = collections[collection]?[id] else { return }
+                held.forEachDot { if $0 == dot { found = true } }
+            }
+            if let dotIndex, dotIndex.forEachRecord(listing: dot, check) { return }
+            for (collection, records) in collections {
+                for id in records.keys { check(collection, id) }
+            }
+        }
+        return found
     }
 
     /// Number of invisible records held (deleted records not purged yet).

@@ -97,6 +97,17 @@ struct DotIndex: Sendable {
         rebuildAt += entryCount - before
     }
 
+    /// Calls `body` with every record listed under `dot` (entries may be stale: the record may
+    /// no longer hold it). False if the index cannot answer (its collections overflowed).
+    func forEachRecord(listing dot: Dot, _ body: (String, UUID) -> Void) -> Bool {
+        guard !overflowed else { return false }
+        let low = UInt8(truncatingIfNeeded: dot.counter & 63)
+        for entry in replicas[dot.replica]?.buckets[dot.counter >> Self.bucketShift] ?? [] where entry.low == low {
+            body(collectionNames[Int(entry.collection)], entry.id)
+        }
+        return true
+    }
+
     /// Whether the index has grown enough stale entries to be worth rebuilding.
     var needsRebuild: Bool { entryCount > rebuildAt }
 

@@ -156,6 +156,36 @@ struct CompactionTests {
         #expect(afterEcho == map && afterEcho.digest == map.digest)
     }
 
+    @Test("a dot issued twice (a restored store wrote again) is a collision, not an echo: each side takes the other's record")
+    func reissuedDotIsNotAnEcho() throws {
+        let (old, b) = (testReplica(0), testReplica(1))
+        let key = { (n: UInt8) in RecordKey(collection: "c", id: UUID(uuid: (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, n))) }
+        var clock = HybridLogicalClock(physicalClock: { 1_000 })
+        var backup = RecordMap()
+        try backup.write(["x": .int(0)], to: key(0), at: clock.tick(), by: old)  // old:1
+        var original = backup
+        try original.write(["x": .int(1)], to: key(1), at: clock.tick(), by: old)  // old:2, "one"
+        var restored = backup
+        try restored.write(["x": .int(2)], to: key(2), at: clock.tick(), by: old)  // old:2 again
+        // A deleted record of b's, purged on both sides: its echo must still be dropped.
+        var deleted = RecordMap()
+        try deleted.write(["x": .int(3)], to: key(3), at: clock.tick(), by: b)  // b:1
+        try deleted.remove(key(3), by: b)  // b:2
+        original.apply(deleted)
+        restored.apply(deleted)
+        let stable = CausalContext(versionVector: [old: 2, b: 2])
+        #expect(original.purge(stable: stable).keys == [key(3)] && restored.purge(stable: stable).keys == [key(3)])
+        var a = restored
+        a.apply(original)
+        var other = original
+        other.apply(restored)
+        #expect(a.record(key(1))?.isVisible == true && a.record(key(2))?.isVisible == true)
+        #expect(other.record(key(1))?.isVisible == true && other.record(key(2))?.isVisible == true)
+        #expect(a == other && a.digest == other.digest)
+        a.apply(deleted)
+        #expect(a.record(key(3)) == nil)
+    }
+
     // MARK: - Randomized replication with compaction
 
     struct Node {
