@@ -85,9 +85,13 @@ struct PeerUnderTest: Sendable {
         let identity = try existing?.identity ?? group.admit(store)
         var logger = Logger(label: "bench.\(name)")
         logger.logLevel = .error
+        var configuration = SyncConfiguration(security: .tls, listen: .loopback(0), transfer: transfer)
+        // For trying other coalescing windows without a rebuild (the default is the library's).
+        if let ms = ProcessInfo.processInfo.environment["PEERSYNC_DELTA_COALESCING_MS"].flatMap(Double.init) {
+            configuration.timing.deltaCoalescing = .microseconds(Int64(ms * 1_000))
+        }
         let node = try SyncNode(storage: StoreSyncStorage(store), replicaID: store.replicaID, name: name, identity: identity,
-                                configuration: SyncConfiguration(security: .tls, listen: .loopback(0), transfer: transfer),
-                                logger: logger)
+                                configuration: configuration, logger: logger)
         let port = try await node.start()
         return PeerUnderTest(directory: directory, store: store, node: node, port: port, identity: identity)
     }

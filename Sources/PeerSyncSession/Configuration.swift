@@ -102,6 +102,10 @@ public struct SyncTiming: Sendable, Equatable {
     public var closeDrainTimeout: Duration = .seconds(2)
     /// Period of the node's one shared timer.
     public var tick: Duration = .milliseconds(100)
+    /// A live delta that follows the previous one to the same peer within this time waits until
+    /// this long after it, so a stream of commits shares frames (and TLS records) instead of
+    /// sending one per commit; a lone edit goes out at once. Zero sends every delta at once.
+    public var deltaCoalescing: Duration = .milliseconds(2)
     /// An attachment range request unanswered for this long is asked again (of another peer
     /// if there is one).
     public var attachmentRequestTimeout: Duration = .seconds(30)

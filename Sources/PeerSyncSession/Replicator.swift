@@ -272,6 +272,12 @@ public actor Replicator {
             switch action {
             case .wake(let id):
                 transports[id]?.signal.signal()
+            case .wakeAt(let id, let instant):
+                let signal = transports[id]?.signal
+                Task {
+                    try? await Task.sleep(until: instant, clock: .continuous)
+                    signal?.signal()
+                }
             case .closeTransport(let id):
                 transports[id]?.close()
             case .commit(let request):

@@ -14,6 +14,8 @@ struct CoreNode {
     var events: [NodeEvent] = []
     var logs: [CoreLog] = []
     var closedTransports: Set<SessionID> = []
+    /// Instants the core asked the writer to be woken at (deltas held back to share a frame).
+    var wakes: [MonotonicInstant] = []
     var failNextCommit = false
     /// Attachment file work the core asked for (tests answer it themselves).
     var attachmentIO: [AttachmentIO] = []
@@ -26,7 +28,7 @@ struct CoreNode {
     static let group = try! LocalGroup.make(names: ["a", "b", "c", "d", "e", "f"])
 
     /// Node `name` ("a"…"f") of ``group``; `group: nil` makes a device of no group's roster.
-    init(_ name: String, maxFrameBytes: Int = WireLimits.defaultMaxFrameBytes, timing: SyncTiming = SyncTiming(),
+    init(_ name: String, maxFrameBytes: Int = WireLimits.defaultMaxFrameBytes, timing: SyncTiming = .sendingAtOnce,
          outboxDeltaBytes: Int? = nil, transfer: TransferMode = .deltas, identity: LocalIdentity? = nil,
          attachments: Bool = false, seenGossip: Bool = false) {
         state = ReplicaState(name: name)
@@ -62,6 +64,7 @@ struct CoreNode {
         for action in actions {
             switch action {
             case .wake: break
+            case .wakeAt(_, let instant): wakes.append(instant)
             case .closeTransport(let id): closedTransports.insert(id)
             case .commit(let request): pendingCommits.append(request)
             case .event(let event): events.append(event)
@@ -212,4 +215,14 @@ struct HarnessError: Error, CustomStringConvertible {
 
 extension Array where Element == WireFrame {
     func messages() -> [Message] { compactMap { try? Message.decode(type: $0.type, body: $0.body) } }
+}
+
+extension SyncTiming {
+    /// Every delta at once: the harness moves bytes at one fixed instant, so a delta held back to
+    /// share a frame would wait for a time that never comes. Coalescing has its own test.
+    static var sendingAtOnce: SyncTiming {
+        var timing = SyncTiming()
+        timing.deltaCoalescing = .zero
+        return timing
+    }
 }

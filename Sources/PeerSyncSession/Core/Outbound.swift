@@ -21,9 +21,19 @@ struct OutboundQueue {
     var gossipDue = false
     /// Send our digest breakdown (a divergence was found).
     var breakdownDue = false
-    /// Local and forwarded deltas, joined.
-    var deltas: RecordMap?
+    /// Local and forwarded deltas not sent yet, oldest first. Each goes as its own frame (a local
+    /// write in the event form is smaller than in a joined general-form delta; several frames
+    /// share one write and one TLS record); past ``separateDeltaLimit`` they are joined into one.
+    var pendingDeltas: [RecordMap] = []
     var deltaBytes = 0
+    static let separateDeltaLimit = 16
+
+    /// The pending deltas joined into one (nil if none).
+    var joinedDeltas: RecordMap? {
+        guard var joined = pendingDeltas.first else { return nil }
+        for delta in pendingDeltas.dropFirst() { joined.merge(delta) }
+        return joined
+    }
     /// Deltas were dropped: send `state.delta(missingFrom: delivered)` instead.
     var resync = false
     /// The catch-up round being sent, then at most one waiting (a newer one replaces it).
@@ -35,7 +45,7 @@ struct OutboundQueue {
     var flushBeforeFinal = false
 
     var hasWork: Bool {
-        hello != nil || auth != nil || join != nil || pong != nil || ping != nil || ackDue || digestDue || breakdownDue || deltas != nil || resync
+        hello != nil || auth != nil || join != nil || pong != nil || ping != nil || ackDue || digestDue || breakdownDue || !pendingDeltas.isEmpty || resync
             || catchUp != nil || nextCatchUp != nil || final != nil
     }
 
@@ -45,12 +55,17 @@ struct OutboundQueue {
         if resync { return false }
         let size = delta.approximateWireBytes
         if deltaBytes + size > limit {
-            deltas = nil
+            pendingDeltas = []
             deltaBytes = 0
             resync = true
             return false
         }
-        if deltas == nil { deltas = delta } else { deltas!.merge(delta) }
+        if pendingDeltas.count >= Self.separateDeltaLimit, var joined = joinedDeltas {
+            joined.merge(delta)
+            pendingDeltas = [joined]
+        } else {
+            pendingDeltas.append(delta)
+        }
         deltaBytes += size
         return true
     }
@@ -115,7 +130,12 @@ struct CatchUpRound {
         // encoding it (sync-initial, 10k records: 214 ms to the first chunk).
         let system = source.collections.keys.filter { $0.hasPrefix("_") }.sorted()
         let others = source.collections.keys.filter { !$0.hasPrefix("_") }.sorted()
-        let budget = limit - WireDelta.chunkOverheadBound - WireDelta.contextSizeBound(context, with: dictionary)
+        // Only the last chunk carries the round's context: the others may use the whole frame.
+        // (A round's context can be large — a batch of 33,000 writes is a cloud of 33,000 dots
+        // when it does not start at counter 1 — and taking it off every chunk's budget once
+        // left no room for any field.)
+        let budget = limit - WireDelta.chunkOverheadBound
+        let contextBound = WireDelta.contextSizeBound(context, with: dictionary)
         var alone = Set<Int>()
         var bounds: [Int] = []
         items.reserveCapacity(source.recordCount)
@@ -148,6 +168,12 @@ struct CatchUpRound {
                 size = 0
             }
             size += bound
+        }
+        if items.count > start && size + contextBound > budget {
+            // The context does not fit beside the last records: it goes alone, in a last chunk
+            // without records.
+            cuts.append(start..<items.count)
+            start = items.count
         }
         cuts.append(start..<items.count)
     }

@@ -64,6 +64,11 @@ struct PeerSession {
     var peerStable: CausalContext?
     /// The local gossip grew since the last digest round: send it with the next one.
     var gossipPending = false
+    /// When a frame of live deltas last went to the peer (for coalescing a stream of them).
+    var lastDeltaSentAt: MonotonicInstant?
+    /// Live deltas are held back until this instant (a stream is being coalesced); the core
+    /// asked for a wake at it.
+    var deltasHeldUntil: MonotonicInstant?
     /// When the watchdog last repaired this session by a full-state exchange.
     var lastRepairAt: MonotonicInstant?
     /// Received catch-up chunks waiting to be committed together.
@@ -109,7 +114,7 @@ struct PeerSession {
         if !flushFirst || !wasEstablished {
             out.catchUp = nil
             out.nextCatchUp = nil
-            out.deltas = nil
+            out.pendingDeltas = []
             out.resync = false
         }
         out.ackDue = false
@@ -134,7 +139,7 @@ extension PeerSession {
     /// encodes as delivered to the peer. Returns nil when there is nothing to send.
     mutating func nextBatch(
         budget: Int, state: ReplicaState, neighbors: [ReplicaID], chunkTarget: Int, now: MonotonicInstant,
-        gossip: () -> SeenContexts? = { nil }, onSkipped: (RecordKey, String) -> Void
+        coalescing: Duration = .zero, gossip: () -> SeenContexts? = { nil }, onSkipped: (RecordKey, String) -> Void
     ) -> OutboundBatch? {
         var bytes: [UInt8] = []
         var frames = 0
@@ -203,31 +208,43 @@ extension PeerSession {
             if out.resync {
                 out.resync = false
                 let extract = state.delta(missingFrom: delivered)
-                if let pending = out.deltas { out.push(catchUp: pending) }
-                out.deltas = nil
+                if let pending = out.joinedDeltas { out.push(catchUp: pending) }
+                out.pendingDeltas = []
                 out.deltaBytes = 0
                 out.push(catchUp: extract)
             }
             // Live deltas go before the rest of a catch-up round, but after its roster records:
             // the peer refuses writes by replica IDs it does not know to be claimed.
             func sendDeltas() {
-                guard let delta = out.deltas, out.catchUp?.holdsDeltasBack != true else { return }
-                out.deltas = nil
+                guard !out.pendingDeltas.isEmpty, out.catchUp?.holdsDeltasBack != true else { return }
+                // A delta close behind the previous one waits for more to share its frame,
+                // unless other frames go now anyway (it rides with them) or the session closes.
+                if phase == .established, frames == 0, out.catchUp == nil, out.nextCatchUp == nil,
+                   let last = lastDeltaSentAt, now < last + coalescing {
+                    deltasHeldUntil = last + coalescing
+                    return
+                }
+                let pending = out.pendingDeltas
+                out.pendingDeltas = []
                 out.deltaBytes = 0
-                if fitsOneFrame(delta) {
-                    add(Message.delta(WireDelta.encode(delta, with: outbound)).encodedFrame())
-                    delivered.merge(delta.context)
-                } else {
-                    // Too large for the peer's frames: it travels as a catch-up round, which the
-                    // receiver commits whole.
-                    out.push(catchUp: delta)
+                deltasHeldUntil = nil
+                for delta in pending {
+                    if fitsOneFrame(delta) {
+                        add(Message.delta(WireDelta.encode(delta, with: outbound)).encodedFrame())
+                        delivered.merge(delta.context)
+                        lastDeltaSentAt = now
+                    } else {
+                        // Too large for the peer's frames: it travels as a catch-up round, which
+                        // the receiver commits whole.
+                        out.push(catchUp: delta)
+                    }
                 }
             }
             sendDeltas()
             encodeChunks(into: &bytes, frames: &frames, budget: budget, chunkTarget: chunkTarget, onSkipped: onSkipped)
             sendDeltas()
         }
-        let flushed = out.deltas == nil && out.catchUp == nil && out.nextCatchUp == nil && !out.resync
+        let flushed = out.pendingDeltas.isEmpty && out.catchUp == nil && out.nextCatchUp == nil && !out.resync
         if phase == .closing, let final = out.final, flushed || !out.flushBeforeFinal {
             add(final.encodedFrame())
             out.final = nil

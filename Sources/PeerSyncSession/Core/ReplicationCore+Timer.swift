@@ -81,18 +81,21 @@ extension ReplicationCore {
                             gossip: () -> SeenContexts? = { nil }) -> (OutboundBatch?, [Action]) {
         guard var session = sessions[id] else { return (nil, []) }
         var actions: [Action] = []
-        if session.out.deltas != nil || session.out.catchUp != nil || session.out.nextCatchUp != nil || session.out.resync {
+        if !session.out.pendingDeltas.isEmpty || session.out.catchUp != nil || session.out.nextCatchUp != nil || session.out.resync {
             lastActivity = now
         }
         let neighbors = neighborList
         let address = session.origin.address
+        let heldBefore = session.deltasHeldUntil
         let batch = session.nextBatch(
             budget: budget, state: state, neighbors: neighbors, chunkTarget: settings.limits.chunkTargetBytes, now: now,
-            gossip: gossip
+            coalescing: settings.timing.deltaCoalescing, gossip: gossip
         ) { key, field in
             actions.append(.log(CoreLog(.warning, "a field is too large for the peer's frames and is not sent to it",
                                         ["record": "\(key)", "field": field, "peer.address": address])))
         }
+        // Deltas held back to share a frame: the writer is woken when they may go.
+        if let until = session.deltasHeldUntil, until != heldBefore { actions.append(.wakeAt(id, until)) }
         sessions[id] = session
         return (appendAttachmentFrames(id, to: batch, budget: budget, now: now), actions)
     }

@@ -29,6 +29,8 @@ struct ReplicationCore {
     enum Action {
         /// The session has bytes to send: its writer should call ``nextBatch``.
         case wake(SessionID)
+        /// Wake the session's writer at this instant (live deltas held back to share a frame).
+        case wakeAt(SessionID, MonotonicInstant)
         /// Close the session's transport now (without writing more).
         case closeTransport(SessionID)
         /// Persist these deltas in one transaction, then report ``committed`` or ``commitFailed``.
@@ -205,20 +207,20 @@ struct ReplicationCore {
     mutating func receive(
         _ id: SessionID, type: UInt8, body: [UInt8], now: MonotonicInstant, wallClock: UInt64, state: ReplicaState
     ) -> [Action] {
-        guard var session = sessions[id], session.phase != .closing else { return [] }
-        session.lastReceived = now
-        session.framesReceived += 1
-        session.bytesReceived += body.count + 1 + Varint.size(of: UInt64(body.count + 1))
+        // In place, never through a local copy of the session: a copy alive while a chunk is
+        // appended to its batch would make every append copy the whole batch (a 100k-record
+        // round took minutes).
+        guard let phase = sessions[id]?.phase, phase != .closing else { return [] }
+        sessions[id]!.lastReceived = now
+        sessions[id]!.framesReceived += 1
+        sessions[id]!.bytesReceived += body.count + 1 + Varint.size(of: UInt64(body.count + 1))
         if readsAttachmentMessage(type) {
-            sessions[id] = session
             return receiveAttachment(id, type: type, body: body, now: now)
         }
         if settings.seenGossip, type == SeenMessage.kind {
-            sessions[id] = session
             return receiveSeen(id, body: body, now: now)
         }
-        let decisions = session.machine.receive(type: type, body: body, now: wallClock)
-        sessions[id] = session
+        let decisions = sessions[id]!.machine.receive(type: type, body: body, now: wallClock)
         var actions: [Action] = []
         for decision in decisions {
             actions += carryOut(decision, session: id, now: now, wallClock: wallClock, state: state)
@@ -253,18 +255,19 @@ struct ReplicationCore {
             case .refused(let actions): return actions
             case .admitted(let admitted): delta = admitted
             }
-            var session = sessions[id]!
-            session.batch.append(delta)
-            session.batchBytes += delta.approximateWireBytes
+            // In place: a copy of the session would copy the batch array per chunk (quadratic in
+            // the chunks of a round).
+            sessions[id]!.batch.append(delta)
+            sessions[id]!.batchBytes += delta.approximateWireBytes
             let last = index + 1 == count
             var actions: [Action] = []
-            if last || session.batchBytes >= settings.limits.catchUpBatchBytes {
-                queued.append(ApplyPart(session: id, deltas: session.batch, endsRound: last, origin: origin(of: session)))
-                session.batch = []
-                session.batchBytes = 0
+            if last || sessions[id]!.batchBytes >= settings.limits.catchUpBatchBytes {
+                let batch = sessions[id]!.batch
+                sessions[id]!.batch = []
+                sessions[id]!.batchBytes = 0
+                queued.append(ApplyPart(session: id, deltas: batch, endsRound: last, origin: origin(of: sessions[id]!)))
             }
-            sessions[id] = session
-            if let info = session.info {
+            if let info = sessions[id]!.info {
                 actions.append(.event(.catchUpProgress(info, chunk: clampedInt(index) + 1, chunks: clampedInt(count),
                                                        records: clampedInt(records))))
             }
