@@ -14,9 +14,12 @@ enum CompactionBenchmark {
         let total = quick ? 600 : Int(ProcessInfo.processInfo.environment["PEERSYNC_BENCH_RECORDS"] ?? "") ?? 100_000
         let group = try LocalGroup.make(names: ["bench-a", "bench-b", "bench-c"])
         var logger = Logger(label: "bench.compaction")
-        logger.logLevel = .error
+        logger.logLevel = ProcessInfo.processInfo.environment["PEERSYNC_BENCH_LOG"].flatMap(Logger.Level.init(rawValue:)) ?? .error
         let directories = (0..<3).map { _ in temporaryStoreDirectory() }
-        defer { for directory in directories { try? FileManager.default.removeItem(atPath: directory) } }
+        // PEERSYNC_BENCH_KEEP=1 keeps the stores for inspection (their paths are printed).
+        let keep = ProcessInfo.processInfo.environment["PEERSYNC_BENCH_KEEP"] == "1"
+        if keep { print("stores: \(directories.joined(separator: " "))") }
+        defer { if !keep { for directory in directories { try? FileManager.default.removeItem(atPath: directory) } } }
         let replicas = try (0..<3).map { try Replica.create(at: directories[$0], member: $0, of: group, logger: logger) }
         let port = try await replicas[0].startSync(SyncConfiguration(security: .tls, listen: .loopback(0)))
         for replica in replicas.dropFirst() {
@@ -65,10 +68,11 @@ enum CompactionBenchmark {
             throw BenchmarkError("compaction did not purge: \(replicas.map { $0.compactionStatus().summary() })")
         }
         let deleted = milliseconds(ContinuousClock.now - deleteStart)
+        // Sessions stopped first: a checkpoint cannot truncate the WAL under a running reader.
+        for replica in replicas { await replica.stopSync() }
         for replica in replicas { try replica.store.returnFreeSpace() }
         let file = replicas.map { $0.store.bytesOnDisk() }
         let state = replicas.map { $0.state.records.encoded().count }
-        for replica in replicas { await replica.stopSync() }
         func ratio(_ after: [Int], _ empty: [Int]) -> Double {
             zip(after, empty).map { Double($0) / Double($1) }.max() ?? 0
         }
@@ -86,7 +90,7 @@ enum CompactionBenchmark {
                 "full_state_bytes": Double(fullState),
                 "after_state_bytes": Double(state.max() ?? 0),
                 "state_ratio": ratio(state, emptyState),
-                "create_converge_ms": created,
+                "create_sync_ms": created,
                 "delete_purge_ms": deleted,
             ])
     }

@@ -287,6 +287,13 @@ extension ReplicaStore {
                 DELETE FROM journal WHERE committedAt < ? AND seq < (SELECT max(seq) FROM journal)
                 """, arguments: [cutoff])
             result.journalEntriesDropped = db.changesCount
+            // The run's own markers (one per batch, no delta) only tell other processes to reload:
+            // the newest row does that alone (a reader reloads on any gap), so a purge of 100,000
+            // records leaves one row, not 100.
+            try db.execute(sql: """
+                DELETE FROM journal WHERE origin = 'compaction' AND delta IS NULL AND seq < (SELECT max(seq) FROM journal)
+                """)
+            result.journalEntriesDropped += db.changesCount
         }
         try pool.writeWithoutTransaction { db in
             if try Int.fetchOne(db, sql: "PRAGMA auto_vacuum") != 2 {

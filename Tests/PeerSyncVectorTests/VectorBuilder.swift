@@ -41,7 +41,42 @@ struct VectorBuilder {
             "varint.json": varints(), "frames.json": frames(), "values.json": values(), "hlc.json": hlc(),
             "context-blobs.json": contextBlobs(), "deltas.json": deltas(), "messages.json": messages(),
             "digests.json": digests(), "identity.json": identity(), "invite-codes.json": inviteCodes(),
-            "auth.json": auth(), "discovery.json": discovery(), "bundles.json": bundles(),
+            "auth.json": auth(), "discovery.json": discovery(), "bundles.json": bundles(), "seen.json": seen(),
+        ]
+    }
+
+    // MARK: seen (compaction gossip, PROTOCOL §19)
+
+    func seen() -> JSON {
+        func sample(_ name: String, _ reports: [ReplicaID: CausalContext], _ stable: CausalContext) -> JSON {
+            let value = SeenContexts(reports: reports, stable: stable)
+            var reportsJSON: JSON = [:]
+            for (replica, context) in reports { reportsJSON[replicaHex(replica)] = contextJSON(context) }
+            return ["name": name, "reports": reportsJSON, "stable": contextJSON(stable),
+                    "body": hex(value.encodedBlob()), "frame": hex(SeenMessage.encodedFrame(value))]
+        }
+        var gap = CausalContext(versionVector: [Fixed.b: 2])
+        gap.insert(Dot(replica: Fixed.b, counter: 5))
+        let one = CausalContext(versionVector: [Fixed.a: 4]).encodedBlob()
+        func report(_ replica: ReplicaID) -> [UInt8] { replica.bigEndianBytes + varint(UInt64(one.count)) + one }
+        return [
+            "kind": "seen",
+            "description": "The seen message (frame type 16): body = 0x01 varint(#reports) (replicaID varint(len) context-blob)… varint(len) stable-context-blob, replica IDs strictly ascending. Invalid bodies close the session with reason 5 (malformed).",
+            "valid": [
+                sample("nothing seen yet (no reports, empty stable context)", [:], CausalContext()),
+                sample("two reports and a stable context", [Fixed.a: CausalContext(versionVector: [Fixed.a: 4, Fixed.b: 1]), Fixed.b: gap],
+                       CausalContext(versionVector: [Fixed.a: 3])),
+            ] as [JSON],
+            "invalid": [
+                ["name": "empty body", "hex": ""],
+                ["name": "version byte 2", "hex": hex([2, 0, 0])],
+                ["name": "replica IDs not ascending", "hex": hex([1, 2] + report(Fixed.b) + report(Fixed.a) + [0])],
+                ["name": "the same replica twice", "hex": hex([1, 2] + report(Fixed.a) + report(Fixed.a) + [0])],
+                ["name": "10,001 reports announced", "hex": hex([1] + varint(10_001) + [0])],
+                ["name": "stable context missing", "hex": hex([1, 1] + report(Fixed.a))],
+                ["name": "context length past the body", "hex": hex([1, 0, 9, 0])],
+                ["name": "a trailing byte", "hex": hex(SeenContexts().encodedBlob() + [0])],
+            ] as [JSON],
         ]
     }
 

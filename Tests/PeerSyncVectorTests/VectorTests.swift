@@ -15,7 +15,8 @@ import Testing
 @Suite("Test vectors (docs/vectors)")
 struct VectorTests {
     static let names = ["varint.json", "frames.json", "values.json", "hlc.json", "context-blobs.json", "deltas.json", "messages.json",
-                        "digests.json", "identity.json", "invite-codes.json", "auth.json", "discovery.json", "bundles.json"]
+                        "digests.json", "identity.json", "invite-codes.json", "auth.json", "discovery.json", "bundles.json",
+                        "seen.json"]
 
     static func existing() -> [String: JSON] {
         var files: [String: JSON] = [:]
@@ -143,6 +144,22 @@ struct VectorTests {
         }
         for v in file["invalid"] as! [JSON] {
             #expect(throws: BinaryDecodingError.self, "\(v["name"]!)") { try CausalContext(blob: unhex(v["hex"])) }
+        }
+    }
+
+    @Test("seen (compaction gossip): bodies and frames both ways, refusals")
+    func seen() throws {
+        let file = try VectorFiles.load("seen.json")
+        for v in file["valid"] as! [JSON] {
+            var reports: [ReplicaID: CausalContext] = [:]
+            for (replica, context) in v["reports"] as! JSON { reports[ReplicaID(hex: replica)!] = parseContext(context) }
+            let value = SeenContexts(reports: reports, stable: parseContext(v["stable"]))
+            #expect(hex(value.encodedBlob()) == v["body"] as! String, "\(v["name"]!)")
+            #expect(hex(SeenMessage.encodedFrame(value)) == v["frame"] as! String, "\(v["name"]!)")
+            #expect(try SeenMessage.decode(body: unhex(v["body"])) == value, "\(v["name"]!)")
+        }
+        for v in file["invalid"] as! [JSON] {
+            #expect(throws: WireError.self, "\(v["name"]!)") { try SeenMessage.decode(body: unhex(v["hex"])) }
         }
     }
 
