@@ -154,8 +154,9 @@ extension ReplicaStore {
     /// order), purges the purgeable ones from memory and deletes their rows (and their conflict
     /// rows) in one transaction, records `stable` as `P`, and returns the freed pages to the file
     /// system (`PRAGMA incremental_vacuum`). Between batches the lock is free, so edits and sync
-    /// go on. At the end it drops journal entries older than `journalGrace` (they hold deltas
-    /// of what was purged; the newest entry stays) and truncates the WAL.
+    /// go on. At the end it drops the journal entries before its last marker (a reader behind
+    /// the marker reloads the whole state, so they are never read again; they hold deltas of
+    /// what was purged) and entries older than `journalGrace`, and truncates the WAL.
     ///
     /// The first run that purges something on a store made before `auto_vacuum = INCREMENTAL`
     /// switches it with a one-time `VACUUM` (it rewrites the file once).
@@ -287,11 +288,13 @@ extension ReplicaStore {
                 DELETE FROM journal WHERE committedAt < ? AND seq < (SELECT max(seq) FROM journal)
                 """, arguments: [cutoff])
             result.journalEntriesDropped = db.changesCount
-            // The run's own markers (one per batch, no delta) only tell other processes to reload:
-            // the newest row does that alone (a reader reloads on any gap), so a purge of 100,000
-            // records leaves one row, not 100.
+            // Everything before the run's newest marker: a reader behind that marker reloads the
+            // whole state when it reaches it (a row without a delta, or a gap), so older rows
+            // are never read again — and they hold the purged records' deltas, which kept a
+            // small store's file at 2.8× empty for the grace period. This also drops the run's
+            // other markers (one per batch: 100 for a purge of 100,000 records).
             try db.execute(sql: """
-                DELETE FROM journal WHERE origin = 'compaction' AND delta IS NULL AND seq < (SELECT max(seq) FROM journal)
+                DELETE FROM journal WHERE seq < (SELECT max(seq) FROM journal WHERE origin = 'compaction' AND delta IS NULL)
                 """)
             result.journalEntriesDropped += db.changesCount
         }
