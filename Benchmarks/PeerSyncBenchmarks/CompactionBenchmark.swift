@@ -11,6 +11,7 @@ import PeerSyncModel
 /// long creating and purging took.
 enum CompactionBenchmark {
     static let deleteAll = Benchmark(name: "compaction-store") { quick in
+        let patience: Duration = quick ? .seconds(120) : .seconds(1_200)
         let total = quick ? 600 : Int(ProcessInfo.processInfo.environment["PEERSYNC_BENCH_RECORDS"] ?? "") ?? 100_000
         let group = try LocalGroup.make(names: ["bench-a", "bench-b", "bench-c"])
         var logger = Logger(label: "bench.compaction")
@@ -48,7 +49,7 @@ enum CompactionBenchmark {
             }
             ids.append(made)
         }
-        guard await waitUntil(.seconds(1_200), { replicas.allSatisfy { $0.state.records.recordCount >= total } && converged() }) else {
+        guard await waitUntil(patience, { replicas.allSatisfy { $0.state.records.recordCount >= total } && converged() }) else {
             throw BenchmarkError("the replicas did not converge on \(total) records")
         }
         let created = milliseconds(ContinuousClock.now - createStart)
@@ -61,7 +62,7 @@ enum CompactionBenchmark {
                 for id in ids[device] { _ = try batch.delete(ShiftType.self, id: id) }
             }
         }
-        let purged = await waitUntil(.seconds(1_200)) {
+        let purged = await waitUntil(patience) {
             replicas.allSatisfy { $0.state.records.invisibleRecordCount == 0 && $0.state.records.recordCount < total } && converged()
         }
         guard purged else {
