@@ -156,7 +156,7 @@ extension ReplicaStore {
     /// system (`PRAGMA incremental_vacuum`). Between batches the lock is free, so edits and sync
     /// go on. At the end it drops the journal entries before its last marker (a reader behind
     /// the marker reloads the whole state, so they are never read again; they hold deltas of
-    /// what was purged) and entries older than `journalGrace`, and truncates the WAL.
+    /// what was purged) and truncates the WAL.
     ///
     /// The first run that purges something on a store made before `auto_vacuum = INCREMENTAL`
     /// switches it with a one-time `VACUUM` (it rewrites the file once).
@@ -165,7 +165,7 @@ extension ReplicaStore {
     /// into the stored `P`. `shouldContinue` is asked after each batch.
     @discardableResult
     public func compact(
-        stable: CausalContext, batchSize: Int = ReplicaStore.compactionBatchSize, journalGrace: Duration = .seconds(60),
+        stable: CausalContext, batchSize: Int = ReplicaStore.compactionBatchSize,
         shouldContinue: (CompactionRun) -> Bool = { _ in true }
     ) throws(StoreError) -> CompactionRun {
         var run = CompactionRun()
@@ -179,7 +179,7 @@ extension ReplicaStore {
                 if !finished && !shouldContinue(run) { break }
             }
             if run.purgedRecords > 0 {
-                try returnSpace(journalGrace: journalGrace, run: &run)
+                try returnSpace(run: &run)
             }
             try flushToDisk()
         } catch {
@@ -281,22 +281,16 @@ extension ReplicaStore {
 
     /// After a run that purged: old journal entries go, the file switches to incremental
     /// vacuum if it is not yet, free pages go back to the file system, the WAL is truncated.
-    private func returnSpace(journalGrace: Duration, run result: inout CompactionRun) throws {
-        let cutoff = Int64(clamping: physicalClock()) - Int64(clamping: journalGrace.wholeMilliseconds)
+    private func returnSpace(run result: inout CompactionRun) throws {
         try run { db in
-            try db.execute(sql: """
-                DELETE FROM journal WHERE committedAt < ? AND seq < (SELECT max(seq) FROM journal)
-                """, arguments: [cutoff])
-            result.journalEntriesDropped = db.changesCount
-            // Everything before the run's newest marker: a reader behind that marker reloads the
-            // whole state when it reaches it (a row without a delta, or a gap), so older rows
-            // are never read again — and they hold the purged records' deltas, which kept a
-            // small store's file at 2.8× empty for the grace period. This also drops the run's
-            // other markers (one per batch: 100 for a purge of 100,000 records).
+            // Everything before the run's newest marker (every purging batch writes one): a reader
+            // behind it reloads the whole state when it reaches it (a row without a delta, or a
+            // gap), so older rows are never read again — and they hold the purged records'
+            // deltas. This also drops the run's other markers (100 for 100,000 records).
             try db.execute(sql: """
                 DELETE FROM journal WHERE seq < (SELECT max(seq) FROM journal WHERE origin = 'compaction' AND delta IS NULL)
                 """)
-            result.journalEntriesDropped += db.changesCount
+            result.journalEntriesDropped = db.changesCount
         }
         try pool.writeWithoutTransaction { db in
             if try Int.fetchOne(db, sql: "PRAGMA auto_vacuum") != 2 {

@@ -60,7 +60,7 @@ struct CompactionStoreTests {
         #expect(store.state.records.invisibleRecordCount == 2_000)
 
         var batches = 0
-        let run = try store.compact(stable: store.state.context, batchSize: 300, journalGrace: .zero) { _ in
+        let run = try store.compact(stable: store.state.context, batchSize: 300) { _ in
             batches += 1
             return true
         }
@@ -126,7 +126,7 @@ struct CompactionStoreTests {
         #expect(try queue.read { try Int.fetchOne($0, sql: "PRAGMA auto_vacuum") } == 0)
         try queue.close()
         let store = try ReplicaStore.open(directory: dir)
-        let run = try store.compact(stable: store.state.context, journalGrace: .zero)
+        let run = try store.compact(stable: store.state.context)
         #expect(run.purgedRecords == 500)
         #expect(run.bytesAfter < run.bytesBefore, "\(run.bytesBefore) → \(run.bytesAfter)")
         let check = try DatabaseQueue(path: ReplicaStore.path(in: dir))

@@ -15,7 +15,7 @@ let arguments = CommandLine.arguments
 if arguments.count == 3, arguments[1] == "compact" {
     do {
         let store = try ReplicaStore.open(directory: arguments[2])
-        let run = try store.compact(stable: store.state.context, batchSize: 50, journalGrace: .zero) { run in
+        let run = try store.compact(stable: store.state.context, batchSize: 50) { run in
             say("batch \(run.batches) purged \(run.purgedRecords)")
             return true
         }
