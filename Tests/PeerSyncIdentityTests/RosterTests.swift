@@ -467,6 +467,13 @@ struct RosterValidationTests {
         #expect(validation.refused.contains { $0.reason.contains("altered or misfiled") })
         #expect(validation.roster.isActive(m.deviceID))
         #expect(base.validate(incoming: [s.entries[0]]).alreadyKnown == 1)
+        // A record held already, byte for byte, is known without decoding; the same record ID
+        // with other bytes is still decoded, and refused.
+        let held = Roster(groupID: s.groupID, entries: [s.entries[0], addM])
+        let again = held.validate(records: [(addM.id.uuid, addM.fields), (addM.id.uuid, ["e": .bytes(tampered)])])
+        #expect(again.alreadyKnown == 1)
+        #expect(again.accepted.isEmpty)
+        #expect(again.refused.count == 1 && again.hasMalformed)
     }
 
     @Test("a delta that deletes a roster record is refused; a delta that adds one is accepted")
