@@ -316,6 +316,7 @@ enum ConvergenceBenchmarks {
                         })
                     }
                     let before = await totalTraffic(peers)
+                    let beforeByMessage = await frameBytesByMessage(peers)
                     let start = ContinuousClock.now
                     let lastEdit = Locked(start)
                     let framed = Locked<[Int]>([])
@@ -347,6 +348,7 @@ enum ConvergenceBenchmarks {
                     let afterLastEdit = milliseconds(end - lastEdit.withLock { $0 })
                     _ = await waitUntil(.seconds(5)) { trackers.allSatisfy { $0.pendingKeys.isEmpty } }
                     let after = await totalTraffic(peers)
+                    let afterByMessage = await frameBytesByMessage(peers)
                     for w in watchers { w.cancel() }
                     for p in peers { await p.stop() }
                     guard converged else { throw BenchmarkFailure("mesh (\(transfer.label), \(n) peers) did not converge") }
@@ -362,6 +364,11 @@ enum ConvergenceBenchmarks {
                     // Target: ≤ 3 × (peers × framed delta) per edit.
                     metrics["\(p)_bytes_per_op_over_peers_x_framed"] = Double(after.bytes - before.bytes) / Double(ops) / (Double(n) * framedBytes)
                     metrics["\(p)_messages"] = Double(after.messages - before.messages)
+                    // What the bytes per edit are made of (frame bytes, TLS not included).
+                    for (name, bytes) in afterByMessage {
+                        let sent = bytes - (beforeByMessage[name] ?? 0)
+                        if sent > 0 { metrics["\(p)_frame_bytes_per_op_\(name)"] = Double(sent) / Double(ops) }
+                    }
                     if !samples.isEmpty {
                         metrics["\(p)_p50_ms"] = percentile(samples, 0.5)
                         metrics["\(p)_p99_ms"] = percentile(samples, 0.99)

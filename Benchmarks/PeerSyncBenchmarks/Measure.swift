@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import PeerSync
+import PeerSyncWire
 import Synchronization
 #if canImport(Glibc)
 import Glibc
@@ -84,8 +85,11 @@ struct PeerUnderTest: Sendable {
         let store = try existing?.store ?? ReplicaStore.create(directory: directory, name: name)
         let identity = try existing?.identity ?? group.admit(store)
         var logger = Logger(label: "bench.\(name)")
-        logger.logLevel = .error
+        logger.logLevel = ProcessInfo.processInfo.environment["PEERSYNC_BENCH_LOG"].flatMap(Logger.Level.init(rawValue:)) ?? .error
         var configuration = SyncConfiguration(security: .tls, listen: .loopback(0), transfer: transfer)
+        // Every peer here dials from 127.0.0.1; on a LAN each device has its own address. The
+        // per-address inbound limit (16, against one host flooding) would refuse a 32-peer mesh.
+        configuration.limits.inboundConnectionsPerAddress = configuration.limits.inboundConnections
         // For trying other coalescing windows without a rebuild (the default is the library's).
         if let ms = ProcessInfo.processInfo.environment["PEERSYNC_DELTA_COALESCING_MS"].flatMap(Double.init) {
             configuration.timing.deltaCoalescing = .microseconds(Int64(ms * 1_000))
@@ -117,6 +121,18 @@ func totalTraffic(_ peers: [PeerUnderTest]) async -> (bytes: Int, messages: Int)
         messages += t.framesSent
     }
     return (bytes, messages)
+}
+
+/// Frame bytes every node sent, by message name (TLS not included).
+func frameBytesByMessage(_ peers: [PeerUnderTest]) async -> [String: Int] {
+    var total: [String: Int] = [:]
+    for peer in peers {
+        for (type, bytes) in await peer.node.traffic().frameBytesSentByType {
+            let name = Message.Kind(rawValue: type).map { "\($0)" } ?? (type == 16 ? "seen" : "type\(type)")
+            total[name, default: 0] += bytes
+        }
+    }
+    return total
 }
 
 func allEqual(_ peers: [PeerUnderTest]) -> Bool {

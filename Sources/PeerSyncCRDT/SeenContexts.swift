@@ -32,6 +32,24 @@ public struct SeenContexts: Sendable, Hashable, JoinSemilattice {
         stable.merge(other.stable)
     }
 
+    /// What a peer already told `told` (everything earlier `seen` messages to it carried) has
+    /// not been told yet: each report's entries that changed since, and the stable context's —
+    /// leaving out the reports of replicas for which `skip` is true (the peer's own, and those of
+    /// replicas it has sessions with: it hears those from them). Nil if nothing.
+    /// Reports and stable contexts join by union, so these pieces joined by the receiver give
+    /// what the whole would.
+    ///
+    /// - Complexity: O(reports × replicas per report).
+    public func news(since told: SeenContexts, skipping skip: (ReplicaID) -> Bool) -> SeenContexts? {
+        var news = SeenContexts()
+        for (replica, context) in reports where !skip(replica) {
+            let changed = context.entriesChanged(since: told.reports[replica] ?? CausalContext())
+            if !changed.isEmpty { news.reports[replica] = changed }
+        }
+        news.stable = stable.entriesChanged(since: told.stable)
+        return news.reports.isEmpty && news.stable.isEmpty ? nil : news
+    }
+
     /// Drops the reports of replicas for which `keep` is false (replicas of removed devices,
     /// older incarnations), so the map stays bounded by the roster.
     public mutating func retain(_ keep: (ReplicaID) -> Bool) {

@@ -135,6 +135,7 @@ public actor Replicator {
             closedTraffic.bytesSent += written
             closedTraffic.framesSent += session.framesSent
             closedTraffic.framesReceived += session.framesReceived
+            closedTraffic.frameBytesSentByType.merge(session.frameBytesSentByType, uniquingKeysWith: +)
         }
         transport.signal.finish()
         perform(core.transportEnded(id, reason: reason))
@@ -213,6 +214,7 @@ public actor Replicator {
             total.bytesSent += transport.counters?().written ?? session.bytesSent
             total.framesSent += session.framesSent
             total.framesReceived += session.framesReceived
+            total.frameBytesSentByType.merge(session.frameBytesSentByType, uniquingKeysWith: +)
         }
         total.attachmentBytesSent = core.attachmentState.bytesSent
         total.attachmentBytesReceived = core.attachmentState.bytesReceived

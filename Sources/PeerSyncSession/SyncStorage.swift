@@ -196,5 +196,8 @@ public struct TrafficCounters: Sendable, Equatable {
     /// Attachment bytes (payloads of `attachmentData` messages) sent and received.
     public var attachmentBytesSent = 0
     public var attachmentBytesReceived = 0
+    /// Frame bytes sent by message type (`Message.Kind` raw value; TLS records not included),
+    /// attachment frames left out: what ``bytesSent`` is made of.
+    public var frameBytesSentByType: [UInt8: Int] = [:]
     public init() {}
 }

@@ -43,6 +43,13 @@ public enum Frame {
     }
 
     /// The bytes of one frame.
+    /// The message type of one encoded frame (the byte after its length), nil if malformed.
+    public static func messageType(of frame: [UInt8]) -> UInt8? {
+        var offset = 0
+        while offset < min(frame.count, 10), frame[offset] & 0x80 != 0 { offset += 1 }
+        return offset + 1 < frame.count ? frame[offset + 1] : nil
+    }
+
     public static func encode(type: UInt8, body: [UInt8]) -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(body.count + 6)

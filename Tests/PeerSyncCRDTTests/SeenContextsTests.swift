@@ -30,6 +30,28 @@ struct SeenContextsTests {
         #expect(seen.reports.isEmpty)
     }
 
+    @Test("news since what a peer was told: joined into it, gives the whole (less the skipped reports); nothing new gives nil")
+    func news() {
+        for index in 0..<UInt64(2_000) {
+            var rng = SeededGenerator(seed: baseSeed &+ index)
+            let told = Self.random(&rng)
+            // What we hold now is at least what we told (reports and stable only grow).
+            let now = told.merged(with: Self.random(&rng))
+            let skipped = testReplica(Int.random(in: 0..<4, using: &rng))
+            let news = now.news(since: told) { $0 == skipped }
+            var expected = now
+            expected.retain { $0 != skipped }
+            var joined = told
+            joined.retain { $0 != skipped }
+            if let news {
+                #expect(news.reports[skipped] == nil, "seed \(baseSeed &+ index)")
+                joined.merge(news)
+            }
+            #expect(joined == expected, "seed \(baseSeed &+ index)")
+            #expect(now.news(since: now) { _ in false } == nil)
+        }
+    }
+
     @Test("the blob round-trips; damaged blobs are refused, never trapped on") func blob() throws {
         for index in 0..<UInt64(300) {
             var rng = SeededGenerator(seed: baseSeed &+ index)

@@ -58,6 +58,53 @@ struct GossipCoreTests {
         #expect(before > 0)
     }
 
+    @Test("in a full mesh (a–b, b–c, a–c) no seen message carries a third replica's report: each hears every other directly")
+    func fullMeshSendsNoThirdPartyReports() throws {
+        var a = CoreNode("a", seenGossip: true)
+        var b = CoreNode("b", seenGossip: true)
+        var c = CoreNode("c", seenGossip: true)
+        var ab = CoreLink.connect(&a, &b, now: t0)
+        try ab.settle(&a, &b, now: t0)
+        var bc = CoreLink.connect(&b, &c, now: t0)
+        try bc.settle(&b, &c, now: t0)
+        var ac = CoreLink.connect(&a, &c, now: t0)
+        try ac.settle(&a, &c, now: t0)
+        // Each side learns the other's neighbours from the acks that followed (b's to a names c).
+        try ab.settle(&a, &b, now: t0)
+        try bc.settle(&b, &c, now: t0)
+        // Frames from here on: the mesh is complete and each side knows the other's neighbours.
+        let (abA, abB, bcB, acB) = (ab.framesToA.count, ab.framesToB.count, bc.framesToB.count, ac.framesToB.count)
+        try a.write { try $0.save(Location(name: "one")) }
+        try c.write { try $0.save(Location(name: "two")) }
+        var now = t0
+        for _ in 0..<6 {
+            now += .seconds(2)
+            a.handle(a.core.tick(now: now))
+            b.handle(b.core.tick(now: now))
+            c.handle(c.core.tick(now: now))
+            try ab.settle(&a, &b, now: now)
+            try bc.settle(&b, &c, now: now)
+            try ac.settle(&a, &c, now: now)
+        }
+        #expect(a.state.digest == b.state.digest && b.state.digest == c.state.digest)
+        let replicas = Set([a.replicaID, b.replicaID, c.replicaID])
+        /// The replicas reported in `frames[from...]` other than `sender`.
+        func thirdParties(_ frames: [WireFrame], from start: Int, sender: ReplicaID) -> Set<ReplicaID> {
+            Set(seenFrames(Array(frames[start...])).flatMap(\.reports.keys)).subtracting([sender])
+        }
+        #expect(thirdParties(ab.framesToB, from: abB, sender: a.replicaID).isEmpty)
+        #expect(thirdParties(ab.framesToA, from: abA, sender: b.replicaID).isEmpty)
+        #expect(thirdParties(bc.framesToB, from: bcB, sender: b.replicaID).isEmpty)
+        #expect(thirdParties(ac.framesToB, from: acB, sender: a.replicaID).isEmpty)
+        #expect(!seenFrames(Array(ab.framesToB[abB...])).isEmpty, "a still sends its own report and the stable context")
+        // Each still knows what the others have seen (from their acks and own reports).
+        for node in [a, b, c] {
+            for other in replicas where other != node.replicaID {
+                #expect(node.seen?.reports[other] != nil)
+            }
+        }
+    }
+
     @Test("a peer that did not announce the feature gets no seen message")
     func onlyToPeersThatSpeakIt() throws {
         var a = CoreNode("a", seenGossip: true)

@@ -58,9 +58,10 @@ struct PeerSession {
     var neighborsSent: [ReplicaID]?
     /// The peer's digest differed from ours: send an ack with the next digest.
     var ackOwed = false
-    /// The compaction gossip last sent to the peer (a `seen` goes only when it changed).
+    /// Every `seen` sent to the peer, joined: the next one carries only what is new to it.
     var seenSent: SeenContexts?
-    /// The stable context of the peer's last `seen` (nil before one).
+    /// The peer's stable context: the join of the `stable` parts of its `seen` messages (each
+    /// carries what changed since its previous one); nil before one.
     var peerStable: CausalContext?
     /// The local gossip grew since the last digest round: send it with the next one.
     var gossipPending = false
@@ -77,6 +78,8 @@ struct PeerSession {
     var framesSent = 0
     var framesReceived = 0
     var bytesSent = 0
+    /// Frame bytes sent, by message type (TLS not included): what the traffic is made of.
+    var frameBytesSentByType: [UInt8: Int] = [:]
     var bytesReceived = 0
     var nextNonce: UInt64 = 0
 
@@ -147,6 +150,7 @@ extension PeerSession {
         func add(_ frame: [UInt8]) {
             bytes += frame
             frames += 1
+            if let type = Frame.messageType(of: frame) { frameBytesSentByType[type, default: 0] += frame.count }
         }
         if let hello = out.hello {
             add(Message.hello(hello).encodedFrame())
@@ -169,14 +173,24 @@ extension PeerSession {
                 add(Message.ping(nonce).encodedFrame())
                 out.ping = nil
             }
-            // The compaction gossip rides with acks and digest rounds (when an exchange settles),
-            // and only if it changed since the last one to this peer (PROTOCOL §19).
-            let settles = out.ackDue || out.digestDue || out.gossipDue
+            // The compaction gossip rides with quiet digest rounds (and every 10 s while busy:
+            // ReplicationCore.tick), and carries only what this peer was not told yet and cannot
+            // hear itself (PROTOCOL §19): in a full mesh, our own report and the stable
+            // context, each only as far as they changed.
+            let gossipDue = out.gossipDue
             out.gossipDue = false
-            if settles, peer?.features.contains(.seenGossip) == true, let seen = gossip(), seen != seenSent {
-                let frame = SeenMessage.encodedFrame(seen)
-                if frame.count <= peerMaxFrame { add(frame) }
-                seenSent = seen
+            if gossipDue, let peer, peer.features.contains(.seenGossip), let seen = gossip() {
+                let peerNeighbors = self.neighbors ?? []
+                let news = seen.news(since: seenSent ?? SeenContexts()) {
+                    $0 == peer.replicaID || ($0 != state.replicaID && peerNeighbors.contains($0))
+                }
+                if let news {
+                    let frame = SeenMessage.encodedFrame(news)
+                    if frame.count <= peerMaxFrame {
+                        add(frame)
+                        seenSent = (seenSent ?? SeenContexts()).merged(with: news)
+                    }
+                }
             }
             if out.ackDue {
                 out.ackDue = false

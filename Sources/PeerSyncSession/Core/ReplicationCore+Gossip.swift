@@ -16,7 +16,7 @@ extension ReplicationCore {
         }
         do throws(WireError) {
             let seen = try SeenMessage.decode(body: body)
-            sessions[id]!.peerStable = seen.stable
+            sessions[id]!.peerStable = (session.peerStable ?? CausalContext()).merged(with: seen.stable)
             // Reports of replicas the roster does not know are kept until the roster says they
             // belong to a removed device or an older incarnation (the engine drops them then).
             return seen.reports.isEmpty && seen.stable.isEmpty ? [] : [.recordSeen(seen)]

@@ -8,6 +8,9 @@ import PeerSyncWire
 extension ReplicationCore {
     // MARK: - Timer
 
+    /// While busy, the compaction gossip goes with one digest round in this many.
+    static let busyGossipRounds = 5
+
     /// The node's one timer: keepalives, acks and digests when quiet, dead peers, handshakes
     /// that never finish, closings that never flush.
     mutating func tick(now: MonotonicInstant) -> [Action] {
@@ -30,6 +33,13 @@ extension ReplicationCore {
         let quiet = lastActivity.map { now - $0 >= timing.digestQuietPeriod } ?? true
         let roundDue = quiet || lastRound.map { now - $0 >= timing.digestQuietPeriod * 10 } ?? false
         if roundDue || lastRound == nil { lastRound = now }
+        // The compaction gossip is not urgent: it goes with quiet rounds, and while busy with one
+        // round in `busyGossipRounds` (10 s at the default timing). In a busy 64-peer mesh it was
+        // most of the traffic when it went with every round.
+        let gossipRound = roundDue && (quiet || lastGossipRound.map {
+            now - $0 >= timing.digestQuietPeriod * (10 * Self.busyGossipRounds)
+        } ?? true)
+        if gossipRound { lastGossipRound = now }
         for id in sessions.keys.sorted() {
             var session = sessions[id]!
             switch session.phase {
@@ -49,7 +59,7 @@ extension ReplicationCore {
                     actions += refuse(id, .timeout, "no frame for \(formatSeconds(silence.millisecondsDouble / 1000))", now: now)
                     continue
                 }
-                if session.gossipPending, roundDue {
+                if gossipRound, session.gossipPending || session.changedSinceDigest {
                     session.gossipPending = false
                     session.out.gossipDue = true
                     actions.append(.wake(id))

@@ -84,6 +84,9 @@ struct ReplicationCore {
     var lastActivity: MonotonicInstant?
     /// When the last digest round was due (rounds come at least every 10 quiet periods while busy).
     var lastRound: MonotonicInstant?
+    /// When the last digest round that could carry the compaction gossip was (quiet rounds
+    /// always can; while busy, one in ``busyGossipRounds``).
+    var lastGossipRound: MonotonicInstant?
     /// Log lines decided where returning actions is awkward; drained with the next actions.
     var queuedLogs: [CoreLog] = []
     /// Attachment transfers (ReplicationCore+Attachments.swift).
