@@ -49,7 +49,7 @@ struct DotIndex: Sendable {
     init() {}
 
     /// The slot of `collection`, adding it if new (nil when slots are exhausted).
-    private mutating func slot(of collection: String) -> UInt16? {
+    mutating func slot(of collection: String) -> UInt16? {
         if let slot = collectionSlots[collection] { return slot }
         guard collectionNames.count < Self.maxCollections else {
             overflowed = true
@@ -67,7 +67,8 @@ struct DotIndex: Sendable {
         add(dot, id: key.id, slot: slot)
     }
 
-    private mutating func add(_ dot: Dot, id: UUID, slot: UInt16) {
+    /// Notes that record `id` of the collection in `slot` holds an element with `dot`.
+    mutating func add(_ dot: Dot, id: UUID, slot: UInt16) {
         let bucket = dot.counter >> Self.bucketShift
         let entry = Entry(id: id, low: UInt8(truncatingIfNeeded: dot.counter & 63), collection: slot)
         // In place: the replica's buckets and the bucket array stay uniquely referenced.
@@ -81,9 +82,13 @@ struct DotIndex: Sendable {
     /// Notes every dot of `state`'s elements, once each.
     mutating func addAll(of state: RecordState, _ key: RecordKey) {
         guard !overflowed, let slot = slot(of: key.collection) else { return }
+        addAll(of: state, id: key.id, slot: slot)
+    }
+
+    private mutating func addAll(of state: RecordState, id: UUID, slot: UInt16) {
         var seen = DotSet()
         state.forEachDot { dot in
-            if seen.insert(dot) { add(dot, id: key.id, slot: slot) }
+            if seen.insert(dot) { add(dot, id: id, slot: slot) }
         }
     }
 
@@ -91,9 +96,9 @@ struct DotIndex: Sendable {
     /// element of the record is indexed), so they do not count toward a rebuild — a fresh
     /// peer's catch-up, all new records, then builds the index once instead of every time it
     /// doubles.
-    mutating func addNew(_ state: RecordState, _ key: RecordKey) {
+    mutating func addNew(_ state: RecordState, id: UUID, slot: UInt16) {
         let before = entryCount
-        addAll(of: state, key)
+        addAll(of: state, id: id, slot: slot)
         rebuildAt += entryCount - before
     }
 
@@ -121,12 +126,12 @@ struct DotIndex: Sendable {
         return index
     }
 
-    /// Calls `body` with (collection, record ID) for every entry whose dot is not in `peer`
-    /// (a record may come several times).
+    /// Calls `body` with (collection slot, record ID) for every entry whose dot is not in `peer`
+    /// (a record may come several times); ``collectionNames`` names the slots.
     ///
     /// - Complexity: O(buckets at or above the peer's contiguous counter, per replica), bounded
     ///   by the buckets held.
-    func forEachRecord(lacking peer: CausalContext, _ body: (String, UUID) -> Void) {
+    func forEachRecord(lacking peer: CausalContext, _ body: (Int, UUID) -> Void) {
         for (replica, buckets) in replicas {
             let contiguous = peer.contiguousCounter(of: replica)
             let cloud = peer.dotCloud[replica]
@@ -138,7 +143,7 @@ struct DotIndex: Sendable {
                     let counter = base | UInt64(entry.low)
                     if counter <= contiguous { continue }
                     if let cloud, cloud.contains(counter) { continue }
-                    body(collectionNames[Int(entry.collection)], entry.id)
+                    body(Int(entry.collection), entry.id)
                 }
             }
             if buckets.highestBucket - first < UInt64(buckets.buckets.count) {
@@ -201,15 +206,18 @@ extension RecordMap {
     /// peer lacks. Falls back to ``deltaByFullWalk(missingFrom:)`` for maps without an index
     /// (deltas built to be shipped).
     func indexedDelta(missingFrom peer: CausalContext, index: DotIndex) -> RecordMap {
-        var result = RecordMap.withoutDigest()
-        index.forEachRecord(lacking: peer) { collection, id in
-            if result.collections[collection]?[id] != nil { return }
-            guard let state = collections[collection]?[id] else { return }
+        // Per collection slot: the records held and what was found (one lookup by ID each).
+        let held = index.collectionNames.map { collections[$0] ?? [:] }
+        var found = [[UUID: RecordState]](repeating: [:], count: held.count)
+        index.forEachRecord(lacking: peer) { slot, id in
+            if found[slot][id] != nil { return }
+            guard let state = held[slot][id] else { return }
             let missing = state.missing(from: peer)
-            if !missing.isEmpty { result.insert(RecordKey(collection: collection, id: id), missing) }
+            if !missing.isEmpty { found[slot][id] = missing }
         }
-        result.setContext(context)
-        return result
+        var grouped: [String: [UUID: RecordState]] = [:]
+        for (slot, records) in found.enumerated() where !records.isEmpty { grouped[index.collectionNames[slot]] = records }
+        return RecordMap(collections: grouped, context: context)
     }
 
     /// What a replica whose context is `peer` lacks, found by checking every record held: the

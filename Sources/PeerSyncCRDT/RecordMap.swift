@@ -180,115 +180,29 @@ public struct RecordMap: Sendable {
     @discardableResult
     public mutating func apply(_ delta: RecordMap) -> MergeOutcome {
         var outcome = MergeOutcome()
+        // A compacted state never takes back a record it purged (RecordMap+Compaction); decided
+        // against the state before this join, while the dot index is in place.
+        let echoes = compactedThrough.isEmpty ? [] : purgedEchoes(in: delta)
+        var join = RecordJoin(seenBefore: context, digest: maintainedDigest, index: dotIndex)
+        // Uniquely referenced while they change.
+        maintainedDigest = nil
+        dotIndex = nil
         for (collection, incomingRecords) in delta.collections {
+            // Taken out while it changes: each record is then one lookup by ID, in place.
+            var records = collections.removeValue(forKey: collection) ?? [:]
+            let slot = join.slot(of: collection)
             for (id, incoming) in incomingRecords {
                 let key = RecordKey(collection: collection, id: id)
-                // A compacted state never takes back a record it purged (RecordMap+Compaction).
-                if !compactedThrough.isEmpty, isPurgedEcho(key, incoming) { continue }
-                applyRecord(key, incoming, into: &outcome)
+                if !echoes.isEmpty, echoes.contains(key) { continue }
+                join.record(key, slot: slot, incoming, into: &records[id], &outcome)
             }
+            if !records.isEmpty { collections[collection] = records }
         }
+        maintainedDigest = join.digest
+        dotIndex = join.index
         mergeContext(delta.context)
         if dotIndex?.needsRebuild == true { dotIndex = DotIndex.build(collections) }
         return outcome
-    }
-
-    private mutating func applyRecord(_ key: RecordKey, _ incoming: RecordState, into outcome: inout MergeOutcome) {
-        if collections[key.collection]?[key.id] == nil {
-            insertRecord(key, incoming, into: &outcome)
-            return
-        }
-        let seenBefore = context
-        var digest = maintainedDigest ?? .empty
-        let maintaining = maintainedDigest != nil
-        var recordChanged = false
-        var visibilityBefore = false
-        var visibilityAfter = false
-        var index = dotIndex
-        dotIndex = nil  // uniquely referenced while it changes
-        defer { dotIndex = index }
-        // The fields of one write share its dot: index it once, not once per field.
-        var lastIndexed: Dot?
-        func indexDot(_ dot: Dot) {
-            if dot != lastIndexed { index?.add(dot, key) }
-            lastIndexed = dot
-        }
-        withRecord(key) { current in
-            visibilityBefore = current.isVisible
-            for (name, theirs) in incoming.fields {
-                if let ours = current.fields[name] {
-                    if ours == theirs { continue }
-                    if theirs.wins(over: ours) {
-                        if maintaining {
-                            digest.remove(Self.hash(key, name, ours))
-                            digest.add(Self.hash(key, name, theirs))
-                        }
-                        current.fields[name] = theirs
-                        indexDot(theirs.dot)
-                        outcome.changedFieldCount += 1
-                        recordChanged = true
-                        if theirs.supersedes < ours.timestamp, theirs.value != ours.value {
-                            outcome.conflicts.append(FieldConflict(key: key, field: name, winner: theirs, loser: ours))
-                        }
-                    } else if !seenBefore.contains(theirs.dot), ours.supersedes < theirs.timestamp, theirs.value != ours.value {
-                        outcome.conflicts.append(FieldConflict(key: key, field: name, winner: ours, loser: theirs))
-                    }
-                } else {
-                    if maintaining { digest.add(Self.hash(key, name, theirs)) }
-                    current.fields[name] = theirs
-                    indexDot(theirs.dot)
-                    outcome.changedFieldCount += 1
-                    recordChanged = true
-                }
-                outcome.maxTimestamp.merge(theirs.timestamp)
-            }
-            for (replica, theirs) in incoming.presence {
-                let ours = current.presence[replica]
-                let joined = ours.map { $0.joined(with: theirs) } ?? theirs
-                if joined != ours {
-                    if maintaining {
-                        if let ours { digest.remove(Self.hash(key, replica, ours)) }
-                        digest.add(Self.hash(key, replica, joined))
-                    }
-                    current.presence[replica] = joined
-                    index?.add(Dot(replica: replica, counter: joined.counter), key)
-                    if let remover = joined.removedBy { index?.add(remover, key) }
-                    outcome.changedPresenceCount += 1
-                }
-            }
-            visibilityAfter = current.isVisible
-        }
-        if maintaining { maintainedDigest = digest }
-        if recordChanged || visibilityBefore != visibilityAfter {
-            outcome.changedRecords.insert(key)
-        }
-    }
-
-    /// ``applyRecord(_:_:into:)`` for a record this map does not hold: the join is the incoming
-    /// record itself (no element to compare, no conflict), taken whole instead of field by field.
-    private mutating func insertRecord(_ key: RecordKey, _ incoming: RecordState, into outcome: inout MergeOutcome) {
-        if incoming.isEmpty { return }
-        if var digest = maintainedDigest {
-            let prefix = Self.fieldHashPrefix(key)
-            for (name, register) in incoming.fields { digest.add(Self.hash(fieldsOf: prefix, name, register)) }
-            for (replica, entry) in incoming.presence { digest.add(Self.hash(key, replica, entry)) }
-            maintainedDigest = digest
-        }
-        for register in incoming.fields.values { outcome.maxTimestamp.merge(register.timestamp) }
-        outcome.changedFieldCount += incoming.fields.count
-        outcome.changedPresenceCount += incoming.presence.count
-        if !incoming.fields.isEmpty || incoming.isVisible { outcome.changedRecords.insert(key) }
-        dotIndex?.addNew(incoming, key)
-        collections[key.collection, default: [:]][key.id] = incoming
-    }
-
-    /// Mutates the record in place (no copy of the collection's dictionary).
-    private mutating func withRecord(_ key: RecordKey, _ body: (inout RecordState) -> Void) {
-        body(&collections[key.collection, default: [:]][key.id, default: RecordState()])
-        if collections[key.collection]?[key.id]?.isEmpty == true {
-            collections[key.collection]?[key.id] = nil
-            if collections[key.collection]?.isEmpty == true { collections[key.collection] = nil }
-        }
     }
 
     // MARK: - Anti-entropy

@@ -1,0 +1,115 @@
+/// The per-record step of ``RecordMap/apply(_:)``: joins one incoming record state into the
+/// one held (or into nothing), keeping the digest and the dot index current and noting what
+/// changed. It works on the record in its collection's dictionary, in place, so a join costs
+/// one lookup by record ID however many fields change.
+struct RecordJoin {
+    /// The context before the join (an incoming loser the receiver never saw is a conflict).
+    let seenBefore: CausalContext
+    var digest: StateDigest?
+    var index: DotIndex?
+
+    /// The dot index's slot for `collection` (nil without an index or when slots ran out).
+    mutating func slot(of collection: String) -> UInt16? {
+        index?.slot(of: collection)
+    }
+
+    mutating func record(_ key: RecordKey, slot: UInt16?, _ incoming: RecordState,
+                         into held: inout RecordState?, _ outcome: inout MergeOutcome) {
+        if incoming.isEmpty { return }
+        guard var current = held else {
+            insert(key, slot: slot, incoming, &outcome)
+            held = incoming
+            return
+        }
+        held = nil  // `current` is now the only reference: its dictionaries change in place
+        var prefix: StableHasher?
+        func fieldHash(_ name: String, _ register: FieldRegister) -> (UInt64, UInt64) {
+            if prefix == nil { prefix = RecordMap.fieldHashPrefix(key) }
+            return RecordMap.hash(fieldsOf: prefix!, name, register)
+        }
+        var recordChanged = false
+        let visibilityBefore = current.isVisible
+        // The fields of one write share its dot: index it once, not once per field.
+        var lastIndexed: Dot?
+        func indexDot(_ dot: Dot) {
+            if dot != lastIndexed, let slot { index?.add(dot, id: key.id, slot: slot) }
+            lastIndexed = dot
+        }
+        for (name, theirs) in incoming.fields {
+            if let ours = current.fields[name] {
+                if ours == theirs { continue }
+                if theirs.wins(over: ours) {
+                    if digest != nil {
+                        digest!.remove(fieldHash(name, ours))
+                        digest!.add(fieldHash(name, theirs))
+                    }
+                    current.fields[name] = theirs
+                    indexDot(theirs.dot)
+                    outcome.changedFieldCount += 1
+                    recordChanged = true
+                    if theirs.supersedes < ours.timestamp, theirs.value != ours.value {
+                        outcome.conflicts.append(FieldConflict(key: key, field: name, winner: theirs, loser: ours))
+                    }
+                } else if !seenBefore.contains(theirs.dot), ours.supersedes < theirs.timestamp, theirs.value != ours.value {
+                    outcome.conflicts.append(FieldConflict(key: key, field: name, winner: ours, loser: theirs))
+                }
+            } else {
+                if digest != nil { digest!.add(fieldHash(name, theirs)) }
+                current.fields[name] = theirs
+                indexDot(theirs.dot)
+                outcome.changedFieldCount += 1
+                recordChanged = true
+            }
+            outcome.maxTimestamp.merge(theirs.timestamp)
+        }
+        for (replica, theirs) in incoming.presence {
+            let ours = current.presence[replica]
+            let joined = ours.map { $0.joined(with: theirs) } ?? theirs
+            if joined != ours {
+                if digest != nil {
+                    if let ours { digest!.remove(RecordMap.hash(key, replica, ours)) }
+                    digest!.add(RecordMap.hash(key, replica, joined))
+                }
+                current.presence[replica] = joined
+                if let slot {
+                    index?.add(Dot(replica: replica, counter: joined.counter), id: key.id, slot: slot)
+                    if let remover = joined.removedBy { index?.add(remover, id: key.id, slot: slot) }
+                }
+                outcome.changedPresenceCount += 1
+            }
+        }
+        if recordChanged || visibilityBefore != current.isVisible {
+            outcome.changedRecords.insert(key)
+        }
+        held = current.isEmpty ? nil : current
+    }
+
+    /// A record not held: the join is the incoming record itself (no element to compare, no
+    /// conflict), taken whole instead of field by field.
+    private mutating func insert(_ key: RecordKey, slot: UInt16?, _ incoming: RecordState, _ outcome: inout MergeOutcome) {
+        if digest != nil {
+            let prefix = RecordMap.fieldHashPrefix(key)
+            for (name, register) in incoming.fields { digest!.add(RecordMap.hash(fieldsOf: prefix, name, register)) }
+            for (replica, entry) in incoming.presence { digest!.add(RecordMap.hash(key, replica, entry)) }
+        }
+        for register in incoming.fields.values { outcome.maxTimestamp.merge(register.timestamp) }
+        outcome.changedFieldCount += incoming.fields.count
+        outcome.changedPresenceCount += incoming.presence.count
+        if !incoming.fields.isEmpty || incoming.isVisible { outcome.changedRecords.insert(key) }
+        if let slot { index?.addNew(incoming, id: key.id, slot: slot) }
+    }
+}
+
+extension RecordMap {
+    /// The records of `delta` that ``isPurgedEcho(_:_:)`` drops (only a compacted state has any).
+    func purgedEchoes(in delta: RecordMap) -> Set<RecordKey> {
+        var echoes: Set<RecordKey> = []
+        for (collection, records) in delta.collections {
+            for (id, incoming) in records {
+                let key = RecordKey(collection: collection, id: id)
+                if isPurgedEcho(key, incoming) { echoes.insert(key) }
+            }
+        }
+        return echoes
+    }
+}
