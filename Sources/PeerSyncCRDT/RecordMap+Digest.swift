@@ -59,10 +59,21 @@ extension RecordMap {
     }
 
     static func hash(_ key: RecordKey, _ replica: ReplicaID, _ entry: PresenceEntry) -> (UInt64, UInt64) {
+        hash(presenceOf: presenceHashPrefix(key), replica, entry)
+    }
+
+    /// The hasher after the part every presence element of record `key` starts with.
+    static func presenceHashPrefix(_ key: RecordKey) -> StableHasher {
         var h = StableHasher()
         h.combine(UInt8(2))
         h.combine(key.collection)
         h.combine(key.id)
+        return h
+    }
+
+    /// ``hash(_:_:_:)-(RecordKey,ReplicaID,PresenceEntry)`` from the record's ``presenceHashPrefix(_:)``.
+    static func hash(presenceOf prefix: StableHasher, _ replica: ReplicaID, _ entry: PresenceEntry) -> (UInt64, UInt64) {
+        var h = prefix
         h.combine(replica)
         h.combine(entry.counter)
         if let removedBy = entry.removedBy {

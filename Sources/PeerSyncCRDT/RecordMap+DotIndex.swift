@@ -188,15 +188,17 @@ extension RecordState {
     /// The elements of this record that a replica with context `peer` lacks: fields whose dot
     /// it has not seen, presence entries whose add or removal it has not seen.
     func missing(from peer: CausalContext) -> RecordState {
+        func lacks(_ entry: (key: ReplicaID, value: PresenceEntry)) -> Bool {
+            !peer.contains(Dot(replica: entry.key, counter: entry.value.counter))
+                || !(entry.value.removedBy.map(peer.contains) ?? true)
+        }
+        // A record the peer lacks whole (new to it) is shared, not copied element by element.
+        if fields.values.allSatisfy({ !peer.contains($0.dot) }), presence.allSatisfy(lacks) { return self }
         var missing = RecordState()
         for (name, register) in fields where !peer.contains(register.dot) {
             missing.fields[name] = register
         }
-        for (replica, entry) in presence {
-            let addSeen = peer.contains(Dot(replica: replica, counter: entry.counter))
-            let removalSeen = entry.removedBy.map(peer.contains) ?? true
-            if !addSeen || !removalSeen { missing.presence[replica] = entry }
-        }
+        for entry in presence where lacks(entry) { missing.presence[entry.key] = entry.value }
         return missing
     }
 }
@@ -210,7 +212,8 @@ extension RecordMap {
         let held = index.collectionNames.map { collections[$0] ?? [:] }
         var found = [[UUID: RecordState]](repeating: [:], count: held.count)
         index.forEachRecord(lacking: peer) { slot, id in
-            if found[slot][id] != nil { return }
+            // A record listed twice (a removal's dot, a stale entry) is checked again and gives
+            // the same answer: cheaper than a lookup for every record to skip the rare repeat.
             guard let state = held[slot][id] else { return }
             let missing = state.missing(from: peer)
             if !missing.isEmpty { found[slot][id] = missing }

@@ -22,10 +22,16 @@ struct RecordJoin {
             return
         }
         held = nil  // `current` is now the only reference: its dictionaries change in place
+        // The digest's elements of one record share a prefix (kind, collection, ID): hashed once.
         var prefix: StableHasher?
         func fieldHash(_ name: String, _ register: FieldRegister) -> (UInt64, UInt64) {
             if prefix == nil { prefix = RecordMap.fieldHashPrefix(key) }
             return RecordMap.hash(fieldsOf: prefix!, name, register)
+        }
+        var presencePrefix: StableHasher?
+        func presenceHash(_ replica: ReplicaID, _ entry: PresenceEntry) -> (UInt64, UInt64) {
+            if presencePrefix == nil { presencePrefix = RecordMap.presenceHashPrefix(key) }
+            return RecordMap.hash(presenceOf: presencePrefix!, replica, entry)
         }
         var recordChanged = false
         let visibilityBefore = current.isVisible
@@ -67,14 +73,13 @@ struct RecordJoin {
             let joined = ours.map { $0.joined(with: theirs) } ?? theirs
             if joined != ours {
                 if digest != nil {
-                    if let ours { digest!.remove(RecordMap.hash(key, replica, ours)) }
-                    digest!.add(RecordMap.hash(key, replica, joined))
+                    if let ours { digest!.remove(presenceHash(replica, ours)) }
+                    digest!.add(presenceHash(replica, joined))
                 }
                 current.presence[replica] = joined
-                if let slot {
-                    index?.add(Dot(replica: replica, counter: joined.counter), id: key.id, slot: slot)
-                    if let remover = joined.removedBy { index?.add(remover, id: key.id, slot: slot) }
-                }
+                // A write's presence entry has the dot of its fields, indexed above already.
+                indexDot(Dot(replica: replica, counter: joined.counter))
+                if let remover = joined.removedBy { indexDot(remover) }
                 outcome.changedPresenceCount += 1
             }
         }
@@ -90,7 +95,8 @@ struct RecordJoin {
         if digest != nil {
             let prefix = RecordMap.fieldHashPrefix(key)
             for (name, register) in incoming.fields { digest!.add(RecordMap.hash(fieldsOf: prefix, name, register)) }
-            for (replica, entry) in incoming.presence { digest!.add(RecordMap.hash(key, replica, entry)) }
+            let presencePrefix = RecordMap.presenceHashPrefix(key)
+            for (replica, entry) in incoming.presence { digest!.add(RecordMap.hash(presenceOf: presencePrefix, replica, entry)) }
         }
         for register in incoming.fields.values { outcome.maxTimestamp.merge(register.timestamp) }
         outcome.changedFieldCount += incoming.fields.count

@@ -180,6 +180,7 @@ public struct RecordMap: Sendable {
     @discardableResult
     public mutating func apply(_ delta: RecordMap) -> MergeOutcome {
         var outcome = MergeOutcome()
+        outcome.changedRecords.reserveCapacity(delta.recordCount)
         // A compacted state never takes back a record it purged (RecordMap+Compaction); decided
         // against the state before this join, while the dot index is in place.
         let echoes = compactedThrough.isEmpty ? [] : purgedEchoes(in: delta)
