@@ -31,13 +31,17 @@ extension ReplicationCore {
         // quiet period (or, while busy, every 10 of them), every session that carried a change
         // sends one digest — with an ack only if the peer's last digest differed from ours.
         let quiet = lastActivity.map { now - $0 >= timing.digestQuietPeriod } ?? true
-        let roundDue = quiet || lastRound.map { now - $0 >= timing.digestQuietPeriod * 10 } ?? false
+        // While busy, a round every 10 quiet periods — or one per quiet period per session when
+        // there are more than 10: a round costs a digest (and maybe an ack) per session, so a node
+        // with many peers spaces its busy rounds to keep their bytes per second bounded.
+        let busyRounds = timing.digestQuietPeriod * max(10, established.count)
+        let roundDue = quiet || lastRound.map { now - $0 >= busyRounds } ?? false
         if roundDue || lastRound == nil { lastRound = now }
         // The compaction gossip is not urgent: it goes with quiet rounds, and while busy with one
-        // round in `busyGossipRounds` (10 s at the default timing). In a busy 64-peer mesh it was
-        // most of the traffic when it went with every round.
+        // round in `busyGossipRounds` (every 10 s at the default timing, up to 10 peers). In a
+        // busy 64-peer mesh it was most of the traffic when it went with every round.
         let gossipRound = roundDue && (quiet || lastGossipRound.map {
-            now - $0 >= timing.digestQuietPeriod * (10 * Self.busyGossipRounds)
+            now - $0 >= busyRounds * Self.busyGossipRounds
         } ?? true)
         if gossipRound { lastGossipRound = now }
         for id in sessions.keys.sorted() {
