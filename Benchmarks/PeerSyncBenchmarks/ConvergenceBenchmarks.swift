@@ -293,7 +293,12 @@ enum ConvergenceBenchmarks {
                     for peer in peers.dropFirst() { try seedEqual(peer.store, from: peers[0].store) }
                     guard await connectMesh(peers, timeout: .seconds(quick ? 20 : 180)) else {
                         for p in peers { await p.stop() }
-                        throw BenchmarkFailure("mesh (\(transfer.label), \(n) peers): sessions did not all establish")
+                        if quick { throw BenchmarkFailure("mesh (\(transfer.label), \(n) peers): sessions did not all establish") }
+                        // A result too (an older build could not connect 64 peers): the other
+                        // sizes still count, and larger ones are not tried.
+                        FileHandle.standardError.write(Data("mesh (\(transfer.label), \(n) peers): sessions did not all establish within 180 s\n".utf8))
+                        metrics["\(transfer.label)_\(n)p_connect_failed"] = 1
+                        break
                     }
                     // Per receiver: when each other peer's insert was committed, and when it arrived.
                     let trackers = peers.map { _ in VisibilityTracker() }

@@ -12,6 +12,8 @@ struct Options {
     var jsonPath: String?
     var svgPath: String?
     var beforePath: String?
+    /// Results of an earlier run to report (and chart) instead of running benchmarks.
+    var resultsPath: String?
     var names: [String] = []
 
     init(_ arguments: [String]) throws {
@@ -28,6 +30,9 @@ struct Options {
             case "--before":
                 guard let path = rest.popFirst() else { throw UsageError("--before needs the JSON file of an older build's run") }
                 beforePath = path
+            case "--results":
+                guard let path = rest.popFirst() else { throw UsageError("--results needs the JSON file of a run") }
+                resultsPath = path
             case "-h", "--help": throw UsageError(nil)
             default:
                 guard Benchmark.all.contains(where: { $0.name == argument }) else {
@@ -48,8 +53,12 @@ do {
     let options = try Options(Array(CommandLine.arguments.dropFirst()))
     let selected = options.names.isEmpty ? Benchmark.all : Benchmark.all.filter { options.names.contains($0.name) }
     var results: [Result] = []
+    if let path = options.resultsPath {
+        // `--results FILE --svg OUT [--before OLD]`: chart (and tabulate) a saved run.
+        results = try JSONDecoder().decode([Result].self, from: Data(contentsOf: URL(fileURLWithPath: path)))
+    }
     print(options.quick ? "PeerSync benchmarks (quick mode: smoke test, numbers not meaningful)" : "PeerSync benchmarks")
-    for benchmark in selected {
+    for benchmark in selected where options.resultsPath == nil {
         let result = try await benchmark.run(options.quick)
         results.append(result)
         let metrics = result.metrics.sorted { $0.key < $1.key }
@@ -73,7 +82,7 @@ do {
         FileHandle.standardError.write(Data("PeerSyncBenchmarks: \(message)\n".utf8))
         exit(2)
     }
-    print("usage: PeerSyncBenchmarks [--quick] [--json FILE] [--svg FILE [--before OLD.json]] [\(Benchmark.all.map(\.name).joined(separator: "|"))]...")
+    print("usage: PeerSyncBenchmarks [--quick] [--json FILE] [--svg FILE [--before OLD.json]] [--results RUN.json] [\(Benchmark.all.map(\.name).joined(separator: "|"))]...")
 } catch {
     FileHandle.standardError.write(Data("PeerSyncBenchmarks: \(error)\n".utf8))
     exit(1)
