@@ -26,10 +26,12 @@ public actor Replicator {
     private var transports: [SessionID: Transport] = [:]
     private var timer: Task<Void, Never>?
     private var emptyWaiters: [CheckedContinuation<Void, Never>] = []
+    /// Waiting in ``shutdown()`` for the commit in flight (and any it starts) to finish.
+    var idleCommitWaiters: [CheckedContinuation<Void, Never>] = []
     private var closedTraffic = TrafficCounters()
     /// Ineffective roster entries already logged.
     private var reportedIneffective: Set<RosterEntryID> = []
-    private let commitQueue = DispatchQueue(label: "peersync.commit")
+    let commitQueue = DispatchQueue(label: "peersync.commit")
     /// Attachment file work, in order (Replicator+Attachments.swift).
     let attachmentQueue = DispatchQueue(label: "peersync.attachments")
     private nonisolated let subscribers = Mutex<(next: Int, continuations: [Int: AsyncStream<NodeEvent>.Continuation])>((0, [:]))
@@ -232,6 +234,11 @@ public actor Replicator {
         await waitUntilNoSessions(timeout: .seconds(2))
         timer?.cancel()
         timer = nil
+        // What was received and is being stored finishes before stop returns: an app may close
+        // or delete the store next (a commit still writing then failed with "written but not
+        // flushed", or wrote into a store being closed). Bounded like the drains above.
+        await waitForCommits(timeout: .seconds(30))
+        await drainCommitQueue()
         await drainAttachmentQueue()
         finishEvents()
     }
@@ -373,5 +380,6 @@ public actor Replicator {
         case .failure(let error):
             perform(core.commitFailed(id, error: "\(error)", refused: false, now: .now, state: storage.snapshot()))
         }
+        if core.inFlight == nil { releaseCommitWaiters() }
     }
 }

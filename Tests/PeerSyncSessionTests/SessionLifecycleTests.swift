@@ -1,5 +1,6 @@
 import Foundation
 import PeerSync
+@testable import PeerSyncStore
 import PeerSyncTestSupport
 import Synchronization
 import Testing
@@ -92,6 +93,44 @@ struct SessionLifecycleTests {
             await b.shutdown()
             await a.shutdown()
         }
+    }
+
+    @Test("a commit in flight when the node stops is stored before stop returns (an app may close or delete the store next)")
+    func stopWaitsForCommit() async throws {
+        let a = try TestReplica("a", in: group)
+        let b = try TestReplica("b", in: group)
+        defer { Task { await a.shutdown(); await b.shutdown() } }
+        try await a.start()
+        try await b.start()
+        await b.node.addPeer(.loopback(a.port))
+        #expect(await eventually { await a.node.peers().count == 1 && allConverged([a, b]) })
+        // b's next flush waits for the test: what a writes next is then written on b, not yet durable.
+        let order = Mutex<[String]>([])
+        let (atFlush, release) = (DispatchSemaphore(value: 0), DispatchSemaphore(value: 0))
+        let held = Atomic<Bool>(false)
+        b.store.beforeFlush.withLock {
+            $0 = {
+                guard !held.exchange(true, ordering: .relaxed) else { return }
+                atFlush.signal()
+                _ = release.wait(timeout: .now() + 30)
+                order.withLock { $0.append("stored") }
+            }
+        }
+        let last = Location(name: "arrives as b stops")
+        try await a.write { try $0.save(last) }
+        #expect(await eventually { atFlush.wait(timeout: .now()) == .success })
+        let stopping = Task {
+            await b.node.stop()
+            order.withLock { $0.append("stopped") }
+        }
+        // A bounded wait for what must not happen: stop returning while the commit is held.
+        let returnedEarly = await eventually(timeout: .seconds(2)) { order.withLock { $0.contains("stopped") } }
+        release.signal()
+        await stopping.value
+        b.store.beforeFlush.withLock { $0 = nil }
+        #expect(!returnedEarly)
+        #expect(order.withLock { $0 } == ["stored", "stopped"])
+        #expect(b.store.state.contains(last.recordKey))
     }
 
     @Test("two replicas converge through an in-memory pipe with the transport-independent session API")
