@@ -36,6 +36,8 @@ public final class ReplicaStore: Sendable {
     public let directory: String
     public let path: String
     let pool: DatabasePool
+    /// Checkpoints the WAL off the commit path.
+    let checkpointer: WALCheckpointer
     private let observer: DatabaseQueue
     let inner: Mutex<Inner>
     let physicalClock: HybridLogicalClock.PhysicalClock
@@ -75,7 +77,8 @@ public final class ReplicaStore: Sendable {
             }
             throw .notAStore(path: path, detail: "a file is already there")
         }
-        let pool = try openPool(path)
+        let checkpointer = WALCheckpointer(path: path)
+        let pool = try openPool(path, checkpointer: checkpointer)
         do {
             // Before the first table: deleted space can then go back to the file system
             // (compaction; existing stores switch with a one-time VACUUM).
@@ -95,7 +98,8 @@ public final class ReplicaStore: Sendable {
             try? FileManager.default.removeItem(atPath: path)
             throw StoreError.wrap(error, path: path)
         }
-        return try ReplicaStore(directory: directory, path: path, pool: pool, physicalClock: physicalClock)
+        return try ReplicaStore(directory: directory, path: path, pool: pool, checkpointer: checkpointer,
+                                physicalClock: physicalClock)
     }
 
     /// Opens the replica in `directory`.
@@ -105,7 +109,8 @@ public final class ReplicaStore: Sendable {
     ) throws(StoreError) -> ReplicaStore {
         let path = Self.path(in: directory)
         guard FileManager.default.fileExists(atPath: path) else { throw .missing(directory: directory) }
-        let pool = try openPool(path)
+        let checkpointer = WALCheckpointer(path: path)
+        let pool = try openPool(path, checkpointer: checkpointer)
         do {
             let (isOurs, unknown) = try pool.read { db in
                 (try db.tableExists(ReplicaRow.databaseTableName),
@@ -119,7 +124,8 @@ public final class ReplicaStore: Sendable {
         } catch {
             throw StoreError.wrap(error, path: path)
         }
-        let store = try ReplicaStore(directory: directory, path: path, pool: pool, physicalClock: physicalClock)
+        let store = try ReplicaStore(directory: directory, path: path, pool: pool, checkpointer: checkpointer,
+                                     physicalClock: physicalClock)
         try store.checkBinding()
         return store
     }
@@ -129,17 +135,19 @@ public final class ReplicaStore: Sendable {
         (directory as NSString).appendingPathComponent(fileName)
     }
 
-    private static func openPool(_ path: String) throws(StoreError) -> DatabasePool {
+    private static func openPool(_ path: String, checkpointer: WALCheckpointer) throws(StoreError) -> DatabasePool {
         var config = Configuration()
         config.busyMode = .timeout(10)
         config.label = "PeerSync store"
         // WAL with synchronous=NORMAL: SQLite writes the WAL at commit but does not fsync it;
         // every write then fsyncs the WAL itself (``flushToDisk()``) after releasing the state
         // lock and before it returns. So an edit reported done survives kill -9 and power loss
-        // alike, and readers of `state` never wait for an fsync.
+        // alike, and readers of `state` never wait for an fsync. Checkpoints run off the commit
+        // path (``WALCheckpointer``: its hook replaces SQLite's auto-checkpoint).
         config.prepareDatabase { db in
             try db.execute(sql: "PRAGMA synchronous = NORMAL")
             try db.execute(sql: "PRAGMA cache_size = -32768")  // 32 MiB of page cache per connection
+            checkpointer.install(on: db)
         }
         do {
             return try DatabasePool(path: path, configuration: config)
@@ -148,11 +156,12 @@ public final class ReplicaStore: Sendable {
         }
     }
 
-    private init(directory: String, path: String, pool: DatabasePool,
+    private init(directory: String, path: String, pool: DatabasePool, checkpointer: WALCheckpointer,
                  physicalClock: @escaping HybridLogicalClock.PhysicalClock) throws(StoreError) {
         self.directory = directory
         self.path = path
         self.pool = pool
+        self.checkpointer = checkpointer
         self.physicalClock = physicalClock
         do {
             observer = try DatabaseQueue(path: path)
