@@ -104,6 +104,7 @@ enum ConvergenceBenchmarks {
                 var deltas: [RecordMap] = []
                 var rng = BenchRNG(state: 22)
                 let before = await totalTraffic([a, b])
+                let beforeByMessage = await frameBytesByMessage([a, b])
                 var curve: [(ops: Int, bytes: Int)] = [(0, 0)]
                 let step = max(1, updates / 10)
                 let start = ContinuousClock.now
@@ -126,6 +127,7 @@ enum ConvergenceBenchmarks {
                 }
                 let elapsed = milliseconds(ContinuousClock.now - start)
                 let after = await totalTraffic([a, b])
+                let afterByMessage = await frameBytesByMessage([a, b])
                 watcher.cancel()
                 await a.stop()
                 await b.stop()
@@ -141,6 +143,11 @@ enum ConvergenceBenchmarks {
                 metrics["\(p)_p99_ms"] = percentile(samples, 0.99)
                 metrics["\(p)_bytes_per_op"] = Double(after.bytes - before.bytes) / Double(updates)
                 metrics["\(p)_messages_per_op"] = Double(after.messages - before.messages) / Double(updates)
+                // What the bytes per update are made of (frame bytes; the rest is TLS records).
+                for (name, bytes) in afterByMessage {
+                    let sent = bytes - (beforeByMessage[name] ?? 0)
+                    if sent > 0 { metrics["\(p)_frame_bytes_per_op_\(name)"] = Double(sent) / Double(updates) }
+                }
                 metrics["\(p)_apply_in_memory_ms"] = applyMs
                 for point in curve.dropFirst() { metrics["\(p)_curve_bytes_at_\(point.ops)"] = Double(point.bytes) }
                 details.append("\(p): \(updates) updates")
@@ -229,6 +236,7 @@ enum ConvergenceBenchmarks {
                 let converged = await waitUntil(.seconds(quick ? 20 : 60)) { allEqual(healed) }
                 let elapsed = milliseconds(ContinuousClock.now - start)
                 let traffic = await totalTraffic(healed)
+                let byMessage = await frameBytesByMessage(healed)
                 for p in healed { await p.stop() }
                 guard converged else { throw BenchmarkFailure("w3 (\(transfer.label)): replicas did not converge after healing") }
                 let ops = 3 * (updates + deletes + inserts)
@@ -236,6 +244,9 @@ enum ConvergenceBenchmarks {
                 metrics["\(p)_converge_ms"] = elapsed
                 metrics["\(p)_bytes_per_op"] = Double(traffic.bytes) / Double(ops)
                 metrics["\(p)_messages"] = Double(traffic.messages)
+                for (name, bytes) in byMessage where bytes > 0 {
+                    metrics["\(p)_frame_bytes_per_op_\(name)"] = Double(bytes) / Double(ops)
+                }
                 metrics["merge_in_memory_ms"] = mergeMs
                 metrics["merge_in_memory_extract_ms"] = extractMs
             }

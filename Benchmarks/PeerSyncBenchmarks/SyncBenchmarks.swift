@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import PeerSync
+import PeerSyncWire
 
 /// A node with a fresh store in a temporary directory, on 127.0.0.1 with real TLS.
 struct BenchNode {
@@ -141,6 +142,11 @@ enum SyncBenchmarks {
                 metrics["\(records)_last_chunk_ms"] = milliseconds(last - start)
             }
             metrics["\(records)_wire_bytes_per_record"] = Double(traffic.bytesReceived) / Double(records)
+            // What b received, by message (frame bytes; the rest is TLS records).
+            for (type, bytes) in await a.node.traffic().frameBytesSentByType where bytes > 0 {
+                let name = Message.Kind(rawValue: type).map { "\($0)" } ?? "type\(type)"
+                metrics["\(records)_frame_bytes_per_record_\(name)"] = Double(bytes) / Double(records)
+            }
             await a.stop()
             await b.stop()
         }

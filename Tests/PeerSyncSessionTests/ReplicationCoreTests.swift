@@ -29,6 +29,9 @@ struct ReplicationCoreTests {
         #expect(link.framesToB.filter { $0.type == Message.Kind.chunk.rawValue }.count > 10)
         #expect(b.state.digest == a.state.digest)
         #expect(a.warnings.isEmpty && b.warnings.isEmpty)
+        // The per-message traffic counters count every frame sent, chunks included.
+        let sentByType = link.framesToB.reduce(into: [UInt8: Int]()) { $0[$1.type, default: 0] += $1.size }
+        #expect(a.core.sessions[link.aSession]?.frameBytesSentByType == sentByType)
     }
 
     @Test("a stream of deltas shares frames: one close behind the last waits for the coalescing window; a lone one goes at once")

@@ -301,9 +301,11 @@ extension PeerSession {
             let slice = round.nextSlice()
             let payload = WireDelta.encode(records: slice.records, context: slice.isLast ? round.context : CausalContext(),
                                            with: outbound)
-            bytes += Message.chunk(index: UInt64(slice.index), count: UInt64(round.chunkCount), records: UInt64(slice.records.count),
-                                   delta: payload).encodedFrame()
+            let frame = Message.chunk(index: UInt64(slice.index), count: UInt64(round.chunkCount), records: UInt64(slice.records.count),
+                                      delta: payload).encodedFrame()
+            bytes += frame
             frames += 1
+            if let type = Frame.messageType(of: frame) { frameBytesSentByType[type, default: 0] += frame.count }
             if slice.isLast { delivered.merge(round.context) }
             out.catchUp = round.isFinished ? nil : round
         }
