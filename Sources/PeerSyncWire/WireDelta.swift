@@ -125,6 +125,13 @@ public enum WireDelta {
         return out
     }
 
+    /// Where a record goes in a delta: records are encoded in order of their base dot (records
+    /// without fields first), so consecutive bases differ by little and cost a byte or two. A
+    /// catch-up round cut into many chunks orders its records the same way before cutting.
+    public static func sendOrder(of state: RecordState) -> Dot {
+        base(of: state)?.dot ?? Dot(replica: ReplicaID(high: 0, low: 0), counter: 0)
+    }
+
     /// The (timestamp, dot) most fields of a record share; nil for a record without fields.
     static func base(of state: RecordState) -> (timestamp: HLCTimestamp, dot: Dot)? {
         var best: (timestamp: HLCTimestamp, dot: Dot)?

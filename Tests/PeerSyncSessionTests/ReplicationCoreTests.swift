@@ -609,6 +609,24 @@ struct DivergenceTests {
         #expect(c.core.provisionalClaims.isEmpty)
     }
 
+    @Test("a round cut into chunks sends each collection's records in base-dot order, so consecutive writes share chunks")
+    func roundOrdersRecordsByBaseDot() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        for i in 0..<300 {
+            try a.write { try $0.save(Location(name: "a\(i)", address: String(repeating: "x", count: 400))) }
+            try b.write { try $0.save(Location(name: "b\(i)", address: String(repeating: "y", count: 400))) }
+        }
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        var round = CatchUpRound(a.state.records)
+        round.plan(limit: 65_536, dictionary: WireDictionary(startingAt: 0))
+        #expect(round.chunkCount > 3)
+        let locations = round.items.filter { $0.0.collection == Location.collection }.map { WireDelta.sendOrder(of: $0.1) }
+        #expect(locations.count == 600)
+        #expect(locations == locations.sorted(), "records were cut into chunks in hash order")
+    }
+
     @Test("live deltas wait for a catch-up round's roster records (they may overtake the rest of the round)")
     func deltasWaitForTheRoster() throws {
         var a = CoreNode("a")
