@@ -229,6 +229,23 @@ enum ConvergenceBenchmarks {
                 // Heal: new sessions on the same stores.
                 var healed: [PeerUnderTest] = []
                 for p in peers { healed.append(try await p.restarted(secret: secret)) }
+                // Where the heal's time goes: the last session up, the last chunk in, the last change applied.
+                let marks = Locked<(connected: ContinuousClock.Instant?, lastChunk: ContinuousClock.Instant?, lastChange: ContinuousClock.Instant?)>((nil, nil, nil))
+                let markers = healed.map { peer in
+                    let events = peer.node.events()
+                    return Task {
+                        for await event in events {
+                            let now = ContinuousClock.now
+                            switch event {
+                            case .peerConnected: marks.withLock { $0.connected = now }
+                            case .catchUpProgress(_, let chunk, let chunks, _) where chunk == chunks: marks.withLock { $0.lastChunk = now }
+                            case .remoteChange: marks.withLock { $0.lastChange = now }
+                            default: continue
+                            }
+                        }
+                    }
+                }
+                defer { for marker in markers { marker.cancel() } }
                 let start = ContinuousClock.now
                 for (i, peer) in healed.enumerated() {
                     for other in healed[(i + 1)...] { await peer.node.addPeer(.loopback(other.port)) }
@@ -242,6 +259,10 @@ enum ConvergenceBenchmarks {
                 let ops = 3 * (updates + deletes + inserts)
                 let p = transfer.label
                 metrics["\(p)_converge_ms"] = elapsed
+                let (connected, lastChunk, lastChange) = marks.withLock { $0 }
+                if let connected { metrics["\(p)_all_connected_ms"] = milliseconds(connected - start) }
+                if let lastChunk { metrics["\(p)_last_chunk_in_ms"] = milliseconds(lastChunk - start) }
+                if let lastChange { metrics["\(p)_last_change_ms"] = milliseconds(lastChange - start) }
                 metrics["\(p)_bytes_per_op"] = Double(traffic.bytes) / Double(ops)
                 metrics["\(p)_messages"] = Double(traffic.messages)
                 for (name, bytes) in byMessage where bytes > 0 {

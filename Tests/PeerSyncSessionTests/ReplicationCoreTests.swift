@@ -305,6 +305,124 @@ struct ReplicationCoreTests {
         #expect(a.state.digest == c.state.digest)
     }
 
+    @Test("full mesh: chunks of a round (no context but the last's) are not forwarded to a peer connected to their writer")
+    func chunksNotForwardedToTheWritersNeighbour() throws {
+        var a = CoreNode("a", maxFrameBytes: 65_536)
+        var b = CoreNode("b")
+        var c = CoreNode("c")
+        var ab = CoreLink.connect(&a, &b, now: t0)
+        try ab.settle(&a, &b, now: t0)
+        var bc = CoreLink.connect(&b, &c, now: t0)
+        try bc.settle(&b, &c, now: t0)
+        var ac = CoreLink.connect(&a, &c, now: t0)
+        try ac.settle(&a, &c, now: t0)
+        // The acks that followed tell each side the other's neighbours.
+        try ab.settle(&a, &b, now: t0)
+        try bc.settle(&b, &c, now: t0)
+        try ac.settle(&a, &c, now: t0)
+        let mark = (toA: ab.framesToA.count, toC: ac.framesToB.count)
+        // One write of ~120 KB: over a's frame limit, so it reaches a as a round of several chunks.
+        try b.write { state in
+            var delta = RecordMap()
+            for i in 0..<300 {
+                if let one = try state.save(Location(name: "b\(i)", address: String(repeating: "x", count: 400))) { delta.merge(one) }
+            }
+            return delta
+        }
+        for _ in 0..<3 {
+            try bc.settle(&b, &c, now: t0)
+            try ab.settle(&a, &b, now: t0)
+            try ac.settle(&a, &c, now: t0)
+        }
+        #expect(a.state.digest == b.state.digest && b.state.digest == c.state.digest)
+        #expect(ab.framesToA[mark.toA...].filter { $0.type == Message.Kind.chunk.rawValue }.count > 1)
+        let forwarded = ac.framesToB[mark.toC...].filter { $0.type == Message.Kind.chunk.rawValue || $0.type == Message.Kind.delta.rawValue }
+            .map(\.size).reduce(0, +)
+        #expect(forwarded == 0, "a forwarded b's writes to c, b's neighbour")
+    }
+
+    @Test("a round committed in parts: a peer not forwarded every part never holds the round's context without its records")
+    func roundContextOnlyWithEveryPart() throws {
+        for _ in 0..<2 {
+            var a = CoreNode("a", maxFrameBytes: 65_536)
+            a.core.settings.limits.catchUpBatchBytes = 1  // each chunk is committed alone
+            var b = CoreNode("b")
+            var c = CoreNode("c")
+            // A round sends records by dot, replica first: with b's ID below d's, b's records
+            // (not forwarded to c, b's neighbour) come first and d's (forwarded) last, with the
+            // round's context.
+            var d = CoreNode("d")
+            for _ in 0..<64 where d.replicaID < b.replicaID { d = CoreNode("d") }
+            #expect(b.replicaID < d.replicaID)
+            // c is b's neighbour (b's writes are not forwarded to c), not d's.
+            var ac = CoreLink.connect(&a, &c, now: t0)
+            try ac.settle(&a, &c, now: t0)
+            var bc = CoreLink.connect(&b, &c, now: t0)
+            try bc.settle(&b, &c, now: t0)
+            try ac.settle(&a, &c, now: t0)  // c's ack tells a that b is c's neighbour
+            var bd = CoreLink.connect(&b, &d, now: t0)
+            try bd.settle(&b, &d, now: t0)
+            func bulk(_ node: inout CoreNode, _ name: String, _ count: Int) throws {
+                try node.write { state in
+                    var delta = RecordMap()
+                    for i in 0..<count {
+                        if let one = try state.save(Location(name: "\(name)\(i)", address: String(repeating: "x", count: 400))) { delta.merge(one) }
+                    }
+                    return delta
+                }
+            }
+            try bulk(&d, "d", 150)
+            try bd.settle(&b, &d, now: t0)
+            try bulk(&b, "b", 400)  // chunks of b's writes alone; not sent to c: the b–c link is not pumped from here on
+            // a meets b: b's round (b's and d's writes) reaches a in several parts.
+            var ab = CoreLink.connect(&a, &b, now: t0)
+            try ab.settle(&a, &b, now: t0)
+            #expect(ab.framesToA.filter { $0.type == Message.Kind.chunk.rawValue }.count > 2)
+            try ac.settle(&a, &c, now: t0)
+            #expect(a.state.records.records(in: Location.collection).count == 550)  // b's and d's
+            // d's writes reached c through a (c is not d's neighbour).
+            for (id, _) in d.state.records.records(in: Location.collection) {
+                #expect(c.state.records.record(RecordKey(collection: Location.collection, id: id)) != nil)
+            }
+            // Whatever c's context covers, c holds: no dot of a record c lacks (else c's acks
+            // would tell b it has them, and b would never send them).
+            let lacking = a.state.records.records(in: Location.collection).filter { id, _ in
+                c.state.records.record(RecordKey(collection: Location.collection, id: id)) == nil
+            }
+            #expect(!lacking.isEmpty, "b's writes were forwarded to c, b's neighbour")
+            let covered = lacking.filter { _, record in
+                record.presence.contains { c.state.context.contains(Dot(replica: $0.key, counter: $0.value.counter)) }
+            }
+            #expect(covered.isEmpty, "c's context covers \(covered.count) records it was never sent")
+        }
+    }
+
+    @Test("line A–B–C: a round's chunks reach C through B (C is not connected to their writer)")
+    func chunksForwardedAlongALine() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b", maxFrameBytes: 65_536)
+        var c = CoreNode("c")
+        var ab = CoreLink.connect(&a, &b, now: t0)
+        var bc = CoreLink.connect(&b, &c, now: t0)
+        for _ in 0..<2 {
+            try ab.settle(&a, &b, now: t0)
+            try bc.settle(&b, &c, now: t0)
+        }
+        let mark = (toB: ab.framesToB.count, toC: bc.framesToB.count)
+        try a.write { state in
+            var delta = RecordMap()
+            for i in 0..<300 {
+                if let one = try state.save(Location(name: "a\(i)", address: String(repeating: "x", count: 400))) { delta.merge(one) }
+            }
+            return delta
+        }
+        try ab.settle(&a, &b, now: t0)
+        try bc.settle(&b, &c, now: t0)
+        #expect(ab.framesToB[mark.toB...].filter { $0.type == Message.Kind.chunk.rawValue }.count > 1)
+        #expect(bc.framesToB[mark.toC...].contains { $0.type == Message.Kind.delta.rawValue || $0.type == Message.Kind.chunk.rawValue })
+        #expect(c.state.digest == a.state.digest, "without a digest round: forwarded")
+    }
+
     @Test("a peer that never reads: deltas beyond the budget are replaced by one catch-up round")
     func outboxOverflow() throws {
         var a = CoreNode("a", outboxDeltaBytes: 4_096)

@@ -75,6 +75,10 @@ struct PeerSession {
     /// Received catch-up chunks waiting to be committed together.
     var batch: [RecordMap] = []
     var batchBytes = 0
+    /// Sessions that were not forwarded some part of the round being received from this peer
+    /// (a round over `catchUpBatchBytes` commits in several parts): they must not be forwarded
+    /// the round's context, which covers the parts they were not sent.
+    var roundNotForwardedTo: Set<SessionID> = []
     var framesSent = 0
     var framesReceived = 0
     var bytesSent = 0

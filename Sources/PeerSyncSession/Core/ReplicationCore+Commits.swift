@@ -34,13 +34,20 @@ extension ReplicationCore {
         var index = 0
         for part in request.parts {
             var partOutcome = MergeOutcome()
+            var news: [RecordMap] = []
             for delta in part.deltas {
                 let outcome = index < outcomes.count ? outcomes[index] : MergeOutcome()
                 index += 1
                 partOutcome.absorb(outcome)
                 sessions[part.session]?.delivered.merge(delta.context)
                 let grew = !contextBeforeCommit.includes(delta.context)
-                if !outcome.isEmpty || grew { actions += forward(delta, from: part.session, state: state) }
+                if !outcome.isEmpty || grew { news.append(delta) }
+            }
+            if part.fromRound {
+                actions += forward(round: news, whole: news.count == part.deltas.count, ends: part.endsRound,
+                                   from: part.session, state: state)
+            } else {
+                for delta in news { actions += forward([delta], from: part.session, state: state) }
             }
             guard var session = sessions[part.session] else { continue }
             session.changedSinceDigest = true
@@ -109,20 +116,84 @@ extension ReplicationCore {
         return actions
     }
 
-    /// Queues a peer's delta to every other peer that lacks it — except a peer that made it or
-    /// that is directly connected to every replica that made it (acks carry neighbour lists).
-    mutating func forward(_ delta: RecordMap, from source: SessionID, state: ReplicaState) -> [Action] {
-        var actions: [Action] = []
-        let origins = delta.context.replicas
+    /// Queues what a peer sent (`deltas`: one live delta, or a committed part of a catch-up
+    /// round) to every other peer that may lack it — except a peer that made it or that is
+    /// directly connected to every replica that made it (acks carry neighbour lists); the
+    /// decision is the same for every delta of a part. Returns the peers it was queued to.
+    @discardableResult
+    mutating func forward(_ deltas: [RecordMap], from source: SessionID, state: ReplicaState,
+                          stripContextFor strip: Set<SessionID> = [], actions: inout [Action]) -> Set<SessionID> {
+        guard !deltas.isEmpty else { return [] }
+        // The origins are the writers of the records' dots, not the replicas of the context: a
+        // catch-up round's context is the sender's whole context (every replica it ever heard
+        // of), and a round's chunks before its last carry none (PROTOCOL §6.5). Either way the
+        // rule below never held for a round, and healing a partition of three sent each
+        // replica's changes twice (W3 over TLS). For a live write both are the writer.
+        var origins = Set<ReplicaID>()
+        for delta in deltas { origins.formUnion(Self.writers(in: delta)) }
+        if origins.isEmpty { for delta in deltas { origins.formUnion(delta.context.replicas) } }
+        var sent = Set<SessionID>()
         for id in established.values.sorted() where id != source {
             let other = sessions[id]!
-            if !delta.context.isEmpty && other.delivered.includes(delta.context) { continue }
             if !origins.isEmpty, let peer = other.peer?.replicaID,
                origins.allSatisfy({ $0 == peer || (other.neighbors?.contains($0) ?? false) }) { continue }
-            enqueue(delta, to: id, state: state)
-            actions.append(.wake(id))
+            var queued = false
+            for delta in deltas {
+                if !delta.context.isEmpty && other.delivered.includes(delta.context) { continue }
+                if strip.contains(id) && !delta.context.isEmpty {
+                    // The records alone: the context also covers parts this peer was not sent.
+                    enqueue(RecordMap(records: delta.allRecords, context: CausalContext(), maintainingDigest: false), to: id, state: state)
+                } else {
+                    enqueue(delta, to: id, state: state)
+                }
+                queued = true
+            }
+            if queued {
+                sent.insert(id)
+                actions.append(.wake(id))
+            }
+        }
+        return sent
+    }
+
+    mutating func forward(_ deltas: [RecordMap], from source: SessionID, state: ReplicaState) -> [Action] {
+        var actions: [Action] = []
+        forward(deltas, from: source, state: state, actions: &actions)
+        return actions
+    }
+
+    /// Forwards a committed part of a catch-up round from `source` (`news`: its chunks that
+    /// added something; `whole`: all of them did). A peer is sent a round's context (its last
+    /// chunk) only if it was sent every chunk of the round: a context covers the whole round,
+    /// and a peer holding it without the records would tell everyone it has them.
+    mutating func forward(round news: [RecordMap], whole: Bool, ends: Bool, from source: SessionID,
+                          state: ReplicaState) -> [Action] {
+        var actions: [Action] = []
+        let others = Set(established.values).subtracting([source])
+        let strip = ends ? (sessions[source]?.roundNotForwardedTo ?? []) : []
+        let sent = forward(news, from: source, state: state, stripContextFor: whole ? strip : others, actions: &actions)
+        if ends {
+            sessions[source]?.roundNotForwardedTo = []
+        } else {
+            let missed = whole ? others.subtracting(sent) : others
+            sessions[source]?.roundNotForwardedTo.formUnion(missed)
         }
         return actions
+    }
+
+    /// Every replica that made a dot of `delta`'s records (field writes, presence, removals).
+    static func writers(in delta: RecordMap) -> Set<ReplicaID> {
+        var writers = Set<ReplicaID>()
+        for (_, records) in delta.collections {
+            for record in records.values {
+                for register in record.fields.values { writers.insert(register.dot.replica) }
+                for (replica, entry) in record.presence {
+                    writers.insert(replica)
+                    if let remover = entry.removedBy { writers.insert(remover.replica) }
+                }
+            }
+        }
+        return writers
     }
 
     mutating func enqueue(_ delta: RecordMap, to id: SessionID, state: ReplicaState) {

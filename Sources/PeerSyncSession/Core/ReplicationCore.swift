@@ -56,6 +56,8 @@ struct ReplicationCore {
     struct ApplyPart {
         let session: SessionID
         let deltas: [RecordMap]
+        /// Chunks of a catch-up round (else one live delta).
+        var fromRound = false
         /// The peer's last chunk of a round is in here: ack once committed.
         let endsRound: Bool
         let origin: String
@@ -268,7 +270,7 @@ struct ReplicationCore {
                 let batch = sessions[id]!.batch
                 sessions[id]!.batch = []
                 sessions[id]!.batchBytes = 0
-                queued.append(ApplyPart(session: id, deltas: batch, endsRound: last, origin: origin(of: sessions[id]!)))
+                queued.append(ApplyPart(session: id, deltas: batch, fromRound: true, endsRound: last, origin: origin(of: sessions[id]!)))
             }
             if let info = sessions[id]!.info {
                 actions.append(.event(.catchUpProgress(info, chunk: clampedInt(index) + 1, chunks: clampedInt(count),
