@@ -124,6 +124,17 @@ struct CoreNode {
     }
 
     var warnings: [CoreLog] { logs.filter { $0.level == .warning || $0.level == .error } }
+
+    /// One write of `count` locations (`name0`, `name1`, …) of about `bytes` each, broadcast as one delta.
+    mutating func writeLocations(_ count: Int, named name: String, bytes: Int = 400) throws {
+        try write { state in
+            var delta = RecordMap()
+            for i in 0..<count {
+                if let one = try state.save(Location(name: "\(name)\(i)", address: String(repeating: "x", count: bytes))) { delta.merge(one) }
+            }
+            return delta
+        }
+    }
 }
 
 /// A frame as it crossed a link.
@@ -142,6 +153,22 @@ struct CoreLink {
     var framesToA: [WireFrame] = []
     var aClosed = false
     var bClosed = false
+
+    /// A full mesh of three, settled, each side knowing the others' neighbours (from the acks
+    /// that followed the last session).
+    static func fullMesh(_ a: inout CoreNode, _ b: inout CoreNode, _ c: inout CoreNode,
+                         now: MonotonicInstant) throws -> (ab: CoreLink, bc: CoreLink, ac: CoreLink) {
+        var ab = connect(&a, &b, now: now)
+        try ab.settle(&a, &b, now: now)
+        var bc = connect(&b, &c, now: now)
+        try bc.settle(&b, &c, now: now)
+        var ac = connect(&a, &c, now: now)
+        try ac.settle(&a, &c, now: now)
+        try ab.settle(&a, &b, now: now)
+        try bc.settle(&b, &c, now: now)
+        try ac.settle(&a, &c, now: now)
+        return (ab, bc, ac)
+    }
 
     static func connect(_ a: inout CoreNode, _ b: inout CoreNode, now: MonotonicInstant) -> CoreLink {
         let aSession = a.open(initiator: true, address: "b", now: now)

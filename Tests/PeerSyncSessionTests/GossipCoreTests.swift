@@ -63,15 +63,8 @@ struct GossipCoreTests {
         var a = CoreNode("a", seenGossip: true)
         var b = CoreNode("b", seenGossip: true)
         var c = CoreNode("c", seenGossip: true)
-        var ab = CoreLink.connect(&a, &b, now: t0)
-        try ab.settle(&a, &b, now: t0)
-        var bc = CoreLink.connect(&b, &c, now: t0)
-        try bc.settle(&b, &c, now: t0)
-        var ac = CoreLink.connect(&a, &c, now: t0)
-        try ac.settle(&a, &c, now: t0)
         // Each side learns the other's neighbours from the acks that followed (b's to a names c).
-        try ab.settle(&a, &b, now: t0)
-        try bc.settle(&b, &c, now: t0)
+        var (ab, bc, ac) = try CoreLink.fullMesh(&a, &b, &c, now: t0)
         // Frames from here on: the mesh is complete and each side knows the other's neighbours.
         let (abA, abB, bcB, acB) = (ab.framesToA.count, ab.framesToB.count, bc.framesToB.count, ac.framesToB.count)
         try a.write { try $0.save(Location(name: "one")) }

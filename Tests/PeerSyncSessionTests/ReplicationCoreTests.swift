@@ -310,25 +310,10 @@ struct ReplicationCoreTests {
         var a = CoreNode("a", maxFrameBytes: 65_536)
         var b = CoreNode("b")
         var c = CoreNode("c")
-        var ab = CoreLink.connect(&a, &b, now: t0)
-        try ab.settle(&a, &b, now: t0)
-        var bc = CoreLink.connect(&b, &c, now: t0)
-        try bc.settle(&b, &c, now: t0)
-        var ac = CoreLink.connect(&a, &c, now: t0)
-        try ac.settle(&a, &c, now: t0)
-        // The acks that followed tell each side the other's neighbours.
-        try ab.settle(&a, &b, now: t0)
-        try bc.settle(&b, &c, now: t0)
-        try ac.settle(&a, &c, now: t0)
+        var (ab, bc, ac) = try CoreLink.fullMesh(&a, &b, &c, now: t0)
         let mark = (toA: ab.framesToA.count, toC: ac.framesToB.count)
         // One write of ~120 KB: over a's frame limit, so it reaches a as a round of several chunks.
-        try b.write { state in
-            var delta = RecordMap()
-            for i in 0..<300 {
-                if let one = try state.save(Location(name: "b\(i)", address: String(repeating: "x", count: 400))) { delta.merge(one) }
-            }
-            return delta
-        }
+        try b.writeLocations(300, named: "b")
         for _ in 0..<3 {
             try bc.settle(&b, &c, now: t0)
             try ab.settle(&a, &b, now: t0)
@@ -362,18 +347,9 @@ struct ReplicationCoreTests {
             try ac.settle(&a, &c, now: t0)  // c's ack tells a that b is c's neighbour
             var bd = CoreLink.connect(&b, &d, now: t0)
             try bd.settle(&b, &d, now: t0)
-            func bulk(_ node: inout CoreNode, _ name: String, _ count: Int) throws {
-                try node.write { state in
-                    var delta = RecordMap()
-                    for i in 0..<count {
-                        if let one = try state.save(Location(name: "\(name)\(i)", address: String(repeating: "x", count: 400))) { delta.merge(one) }
-                    }
-                    return delta
-                }
-            }
-            try bulk(&d, "d", 150)
+            try d.writeLocations(150, named: "d")
             try bd.settle(&b, &d, now: t0)
-            try bulk(&b, "b", 400)  // chunks of b's writes alone; not sent to c: the b–c link is not pumped from here on
+            try b.writeLocations(400, named: "b")  // chunks of b's writes alone; not sent to c: the b–c link is not pumped from here on
             // a meets b: b's round (b's and d's writes) reaches a in several parts.
             var ab = CoreLink.connect(&a, &b, now: t0)
             try ab.settle(&a, &b, now: t0)
@@ -409,13 +385,7 @@ struct ReplicationCoreTests {
             try bc.settle(&b, &c, now: t0)
         }
         let mark = (toB: ab.framesToB.count, toC: bc.framesToB.count)
-        try a.write { state in
-            var delta = RecordMap()
-            for i in 0..<300 {
-                if let one = try state.save(Location(name: "a\(i)", address: String(repeating: "x", count: 400))) { delta.merge(one) }
-            }
-            return delta
-        }
+        try a.writeLocations(300, named: "a")
         try ab.settle(&a, &b, now: t0)
         try bc.settle(&b, &c, now: t0)
         #expect(ab.framesToB[mark.toB...].filter { $0.type == Message.Kind.chunk.rawValue }.count > 1)
