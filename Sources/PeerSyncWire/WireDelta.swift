@@ -78,7 +78,7 @@ public enum WireDelta {
             dictionary.writeName(collection, to: &out)
             Varint.append(UInt64(records.count), to: &out)
             let ordered = records.map { (id: $0.0, state: $0.1, base: base(of: $0.1)) }
-                .sorted { ($0.base?.dot ?? Dot(replica: ReplicaID(high: 0, low: 0), counter: 0)) < ($1.base?.dot ?? Dot(replica: ReplicaID(high: 0, low: 0), counter: 0)) }
+                .sorted { order(of: $0.base) < order(of: $1.base) }
             for record in ordered {
                 appendUUID(record.id, to: &out)
                 let simplePresence = record.base.map { record.state.presence == [$0.dot.replica: PresenceEntry(counter: $0.dot.counter, removedBy: nil)] } ?? false
@@ -129,7 +129,11 @@ public enum WireDelta {
     /// without fields first), so consecutive bases differ by little and cost a byte or two. A
     /// catch-up round cut into many chunks orders its records the same way before cutting.
     public static func sendOrder(of state: RecordState) -> Dot {
-        base(of: state)?.dot ?? Dot(replica: ReplicaID(high: 0, low: 0), counter: 0)
+        order(of: base(of: state))
+    }
+
+    private static func order(of base: (timestamp: HLCTimestamp, dot: Dot)?) -> Dot {
+        base?.dot ?? Dot(replica: ReplicaID(high: 0, low: 0), counter: 0)
     }
 
     /// The (timestamp, dot) most fields of a record share; nil for a record without fields.
