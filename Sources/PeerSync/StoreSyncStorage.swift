@@ -11,7 +11,10 @@ public struct StoreSyncStorage: SyncStorage {
     /// The attachment directory beside the store.
     public let attachments: AttachmentStore
 
+    /// Turns on the store's background checkpoints: a node keeps its store open and commits
+    /// often, and a commit should not wait for a checkpoint.
     public init(_ store: ReplicaStore) {
+        store.checkpointsInBackground = true
         self.store = store
         attachments = AttachmentStore(storeDirectory: store.directory)
     }

@@ -36,7 +36,7 @@ public final class ReplicaStore: Sendable {
     public let directory: String
     public let path: String
     let pool: DatabasePool
-    /// Checkpoints the WAL off the commit path.
+    /// Checkpoints the WAL (off the commit path when ``checkpointsInBackground``).
     let checkpointer: WALCheckpointer
     private let observer: DatabaseQueue
     let inner: Mutex<Inner>
@@ -331,6 +331,17 @@ public final class ReplicaStore: Sendable {
     }
 
     // MARK: - Durability
+
+    /// Whether WAL checkpoints run off the commit path: a background pass copies the WAL into
+    /// the database file while commits go on (a commit then never waits for ~4 MiB to be
+    /// copied and fsynced). Off by default, where each commit that finds the WAL past 1,000
+    /// pages checkpoints inline as SQLite does — right for a process that commits and exits,
+    /// whose pass would be cut short by its exit. A process that keeps the store open and
+    /// commits often turns it on (`StoreSyncStorage` does, for every sync node).
+    public var checkpointsInBackground: Bool {
+        get { checkpointer.background.load(ordering: .relaxed) }
+        set { checkpointer.background.store(newValue, ordering: .relaxed) }
+    }
 
     /// Called just before a write flushes the WAL (tests: hold a write there and read meanwhile).
     let beforeFlush = Mutex<(@Sendable () -> Void)?>(nil)

@@ -27,6 +27,7 @@ struct WALCheckpointTests {
         let directory = try makeTemporaryDirectory("peersync-wal")
         defer { removeTemporaryDirectory(directory) }
         let store = try ReplicaStore.create(directory: directory, name: "a")
+        store.checkpointsInBackground = true
         let checkpointer = store.checkpointer
         let passDone = DispatchSemaphore(value: 0)
         let release = DispatchSemaphore(value: 0)
@@ -61,6 +62,7 @@ struct WALCheckpointTests {
         let directory = try makeTemporaryDirectory("peersync-wal")
         defer { removeTemporaryDirectory(directory) }
         let store = try ReplicaStore.create(directory: directory, name: "a")
+        store.checkpointsInBackground = true
         let checkpointer = store.checkpointer
         let release = DispatchSemaphore(value: 0)
         checkpointer.afterBackgroundPass.withLock { $0 = { _ = release.wait(timeout: .now() + 60) } }
@@ -76,5 +78,22 @@ struct WALCheckpointTests {
 
         let reopened = try ReplicaStore.open(directory: directory)
         #expect(try reopened.state.fetchAll(Location.self).count == written)
+    }
+
+    @Test("by default (a process that may exit after one commit) a commit past the threshold checkpoints inline")
+    func inlineByDefault() throws {
+        let directory = try makeTemporaryDirectory("peersync-wal")
+        defer { removeTemporaryDirectory(directory) }
+        let store = try ReplicaStore.create(directory: directory, name: "a")
+        let checkpointer = store.checkpointer
+        #expect(!store.checkpointsInBackground)
+        let written = try Self.writeUntil(store, atMost: 1_000) { checkpointer.counts.inline > 0 }
+        #expect(checkpointer.counts.inline == 1 && checkpointer.counts.background == 0)
+        #expect(checkpointer.counts.largestWAL < WALCheckpointer.backgroundPages + 100)
+        // Every frame was copied inline: the next write starts the WAL over.
+        try Self.writeUntil(store, atMost: 1) { false }
+        #expect(checkpointer.counts.lastWAL < 100)
+        let reopened = try ReplicaStore.open(directory: directory)
+        #expect(try reopened.state.fetchAll(Location.self).count == written + 1)
     }
 }
