@@ -22,6 +22,12 @@ struct WALCheckpointTests {
         return written
     }
 
+    /// The store reopens from disk with all `count` records.
+    private static func expectReopens(_ directory: String, with count: Int) throws {
+        let reopened = try ReplicaStore.open(directory: directory)
+        #expect(try reopened.state.fetchAll(Location.self).count == count)
+    }
+
     @Test("commits during a background pass are checkpointed by the next commit, and the WAL starts over")
     func tailAfterBackgroundPass() throws {
         let directory = try makeTemporaryDirectory("peersync-wal")
@@ -53,8 +59,7 @@ struct WALCheckpointTests {
         written += try Self.writeUntil(store, atMost: 1) { false }
         #expect(checkpointer.counts.lastWAL < 100, "the WAL did not start over: \(checkpointer.counts.lastWAL) pages")
 
-        let reopened = try ReplicaStore.open(directory: directory)
-        #expect(try reopened.state.fetchAll(Location.self).count == written)
+        try Self.expectReopens(directory, with: written)
     }
 
     @Test("a background pass that does not finish leaves the WAL bounded: commits checkpoint inline")
@@ -76,8 +81,7 @@ struct WALCheckpointTests {
         release.signal()
         checkpointer.waitForBackgroundPass()
 
-        let reopened = try ReplicaStore.open(directory: directory)
-        #expect(try reopened.state.fetchAll(Location.self).count == written)
+        try Self.expectReopens(directory, with: written)
     }
 
     @Test("by default (a process that may exit after one commit) a commit past the threshold checkpoints inline")
@@ -93,7 +97,6 @@ struct WALCheckpointTests {
         // Every frame was copied inline: the next write starts the WAL over.
         try Self.writeUntil(store, atMost: 1) { false }
         #expect(checkpointer.counts.lastWAL < 100)
-        let reopened = try ReplicaStore.open(directory: directory)
-        #expect(try reopened.state.fetchAll(Location.self).count == written + 1)
+        try Self.expectReopens(directory, with: written + 1)
     }
 }
