@@ -58,7 +58,9 @@ struct CLITests {
         try #require(try cli(in: store, ["init", "--name", "a"]).status == 0)
         let location = try cli(in: store, ["location", "add", "--name", "Ward 3"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
         let before = try status(store).digest
-        let missing = try makeTemporaryDirectory("peersync-missing") + "/nothing"
+        let missingParent = try makeTemporaryDirectory("peersync-missing")
+        defer { removeTemporaryDirectory(missingParent) }
+        let missing = missingParent + "/nothing"
         let cases: [([String], String, String?)] = [
             (["location", "set", UUID().uuidString, "--name", "x"], "no location with ID", store),
             (["shift-type", "add", "--symbol", "E", "--title", "Early", "--duration", "8 hours"], "invalid duration", store),

@@ -11,7 +11,7 @@ import Testing
 /// Thousands of random and mutated frames thrown at live listeners (one behind TLS with the
 /// right secret — a hostile member — and one in insecure mode), while an honest peer stays
 /// connected. Afterwards the digests are unchanged and the honest peer still syncs.
-@Suite("Hostile frames", .serialized)
+@Suite("Hostile frames", .serialized, .awaitsCleanups)
 struct HostileFramesTests {
     /// Opens a connection as `identity` and writes `chunks`, then closes. With `authenticate`,
     /// it first completes the session handshake (hello, the victim's hello, auth), so the chunks
@@ -110,7 +110,7 @@ struct HostileFramesTests {
         let secure = try TestReplica("secure", in: group)
         let insecure = try TestReplica("insecure", in: group, security: .insecure)
         let honest = try TestReplica("honest", in: group)
-        defer { Task { await secure.shutdown(); await insecure.shutdown(); await honest.shutdown() } }
+        defer { afterTest { await secure.shutdown(); await insecure.shutdown(); await honest.shutdown() } }
         try await secure.write { try $0.save(Location(name: "before the attack")) }
         try await insecure.write { try $0.save(Location(name: "before the attack")) }
         try await secure.start()
@@ -120,7 +120,8 @@ struct HostileFramesTests {
         #expect(await eventually { allConverged([secure, honest]) })
         let digests = (secure.digest, insecure.digest)
         // Mallory is a member of the group (a device of the roster) gone bad.
-        let mallory = try TestReplica("mallory", in: group)
+        let mallory = try TestReplica("mallory", in: group)  // its key only: its node never starts
+        defer { afterTest { await mallory.shutdown() } }
         let tls = try DeviceTLS(key: mallory.identity.key) { _ in true }
 
         var rng = SeededGenerator(seed: baseSeed)

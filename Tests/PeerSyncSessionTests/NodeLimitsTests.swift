@@ -47,7 +47,7 @@ final class BlackHole: Sendable {
 }
 
 /// The limits of ``SyncLimits`` enforced by real nodes on 127.0.0.x with TLS.
-@Suite("Limits on real sockets", .serialized)
+@Suite("Limits on real sockets", .serialized, .awaitsCleanups)
 struct NodeLimitsTests {
     let group = TestGroup()
 
@@ -65,7 +65,7 @@ struct NodeLimitsTests {
     func inboundLimits() async throws {
         let victim = try TestReplica("victim", in: group)
         let honest = try TestReplica("honest", in: group)
-        defer { Task { await victim.shutdown(); await honest.shutdown() } }
+        defer { afterTest { await victim.shutdown(); await honest.shutdown() } }
         var limits = SyncLimits()
         limits.inboundConnections = 4
         limits.inboundConnectionsPerAddress = 2
@@ -115,7 +115,7 @@ struct NodeLimitsTests {
     @Test("a connection that does not finish its handshake in time is closed (TLS and insecure)", arguments: [true, false])
     func handshakeTimeout(tls: Bool) async throws {
         let victim = try TestReplica("victim", in: group, security: tls ? .tls : .insecure)
-        defer { Task { await victim.shutdown() } }
+        defer { afterTest { await victim.shutdown() } }
         var timing = SyncTiming()
         timing.handshakeTimeout = .milliseconds(500)
         try Self.limit(victim, SyncLimits(), timing: timing, security: tls ? .tls : .insecure)
@@ -132,7 +132,7 @@ struct NodeLimitsTests {
     func forgedAddresses() async throws {
         let node = try TestReplica("node", in: group)
         let real = try TestReplica("real", in: group)
-        defer { Task { await node.shutdown(); await real.shutdown() } }
+        defer { afterTest { await node.shutdown(); await real.shutdown() } }
         var limits = SyncLimits()
         limits.concurrentDials = 2
         var timing = SyncTiming()
@@ -143,7 +143,7 @@ struct NodeLimitsTests {
         // Forged adverts first: 12 black holes on two hosts (127.0.0.2 and 127.0.0.3).
         var holes: [BlackHole] = []
         for i in 0..<12 { holes.append(try await BlackHole(host: i < 6 ? "127.0.0.2" : "127.0.0.3")) }
-        defer { let all = holes; Task { for hole in all { await hole.close() } } }
+        defer { let all = holes; afterTest { for hole in all { await hole.close() } } }
         for (i, hole) in holes.enumerated() {
             await node.node.discovered(PeerAddress(host: i < 6 ? "127.0.0.2" : "127.0.0.3", port: hole.port), serviceName: "forged \(i)")
         }

@@ -6,7 +6,7 @@ import Synchronization
 import Testing
 
 /// Liveness on the monotonic clock, goodbyes on shutdown, and sync over an app's own transport.
-@Suite("Session lifecycle", .serialized)
+@Suite("Session lifecycle", .serialized, .awaitsCleanups)
 struct SessionLifecycleTests {
     let group = TestGroup()
 
@@ -31,7 +31,7 @@ struct SessionLifecycleTests {
         }
         let a = try TestReplica("a", in: group, wallClock: stepped)
         let b = try TestReplica("b", in: group)
-        defer { Task { await a.shutdown(); await b.shutdown() } }
+        defer { afterTest { await a.shutdown(); await b.shutdown() } }
         let (dropsA, dropsB) = (Disconnections(a.node.events()), Disconnections(b.node.events()))
         try await a.start()
         try await b.start()
@@ -99,7 +99,7 @@ struct SessionLifecycleTests {
     func stopWaitsForCommit() async throws {
         let a = try TestReplica("a", in: group)
         let b = try TestReplica("b", in: group)
-        defer { Task { await a.shutdown(); await b.shutdown() } }
+        defer { afterTest { await a.shutdown(); await b.shutdown() } }
         try await a.start()
         try await b.start()
         await b.node.addPeer(.loopback(a.port))

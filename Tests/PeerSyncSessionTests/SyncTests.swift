@@ -4,7 +4,7 @@ import PeerSyncTestSupport
 import Testing
 
 /// Real sockets on 127.0.0.1, real TLS (pre-shared key from the group secret), real stores.
-@Suite("Sync sessions", .serialized)
+@Suite("Sync sessions", .serialized, .awaitsCleanups)
 struct SyncTests {
     let group = TestGroup()
 
@@ -28,7 +28,7 @@ struct SyncTests {
     func twoReplicas() async throws {
         let a = try TestReplica("a", in: group)
         let b = try TestReplica("b", in: group)
-        defer { Task { await a.shutdown(); await b.shutdown() } }
+        defer { afterTest { await a.shutdown(); await b.shutdown() } }
         try await a.start()
         try await b.start()
         await b.node.addPeer(.loopback(a.port))
@@ -49,7 +49,7 @@ struct SyncTests {
     func fiveReplicas() async throws {
         var replicas: [TestReplica] = []
         for i in 0..<5 { replicas.append(try TestReplica("r\(i)", in: group)) }
-        defer { let all = replicas; Task { for r in all { await r.shutdown() } } }
+        defer { let all = replicas; afterTest { for r in all { await r.shutdown() } } }
         for r in replicas { try await r.start() }
         for (i, r) in replicas.enumerated() {
             for other in replicas[..<i] { await r.node.addPeer(.loopback(other.port)) }
@@ -74,7 +74,7 @@ struct SyncTests {
     func reconnectSendsOnlyTheMissingPart() async throws {
         let a = try TestReplica("a", in: group)
         let b = try TestReplica("b", in: group)
-        defer { Task { await a.shutdown(); await b.shutdown() } }
+        defer { afterTest { await a.shutdown(); await b.shutdown() } }
         // A holds 2,000 records; B receives the full state on first contact.
         try a.store.write { state in
             (0..<2_000).map { i in
@@ -114,7 +114,7 @@ struct SyncTests {
         let a = try TestReplica("a", in: group)
         let b = try TestReplica("b", in: group)
         let c = try TestReplica("c", in: group)
-        defer { Task { await a.shutdown(); await b.shutdown(); await c.shutdown() } }
+        defer { afterTest { await a.shutdown(); await b.shutdown(); await c.shutdown() } }
         try await a.start()
         try await b.start()
         try await c.start()
@@ -133,7 +133,7 @@ struct SyncTests {
     func wrongSecret() async throws {
         let a = try TestReplica("a", in: group)
         let stranger = try TestReplica("stranger", in: TestGroup())
-        defer { Task { await a.shutdown(); await stranger.shutdown() } }
+        defer { afterTest { await a.shutdown(); await stranger.shutdown() } }
         try await a.write { try $0.save(Location(name: "secret of A")) }
         try await stranger.write { try $0.save(Location(name: "secret of the stranger")) }
         let digests = (a.digest, stranger.digest)
@@ -157,7 +157,7 @@ struct SyncTests {
         let a = try TestReplica("a", in: group)
         let ahead = try TestReplica("ahead", in: group, wallClock: { HybridLogicalClock.wallClock() + 3_600_000 })
         let close = try TestReplica("close", in: group, wallClock: { HybridLogicalClock.wallClock() + 60_000 })
-        defer { Task { await a.shutdown(); await ahead.shutdown(); await close.shutdown() } }
+        defer { afterTest { await a.shutdown(); await ahead.shutdown(); await close.shutdown() } }
         try await a.start()
         let events = ahead.node.events()
         await ahead.node.addPeer(.loopback(a.port))
