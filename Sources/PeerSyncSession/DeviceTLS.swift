@@ -89,7 +89,14 @@ public struct DeviceTLS: Sendable {
         clientContext = try NIOSSLContext(configuration: client)
     }
 
+    /// How long a closing connection waits for the peer's TLS close_notify before it closes
+    /// anyway. Everything of ours (a goodbye, an error) is written before our close_notify, and
+    /// nothing is read after it, so waiting gains nothing — and NIOSSL's default (5 s) let a peer
+    /// that broke a rule hold its connection, and an inbound slot, for 5 s after the refusal.
+    static let shutdownTimeout: TimeAmount = .seconds(1)
+
     private static func restrict(_ configuration: inout TLSConfiguration) {
+        configuration.shutdownTimeout = shutdownTimeout
         configuration.minimumTLSVersion = .tlsv13
         configuration.maximumTLSVersion = .tlsv13
         configuration.trustRoots = .certificates([])

@@ -32,6 +32,7 @@ struct TLSContexts: Sendable {
         var serverConfiguration = TLSConfiguration.makePreSharedKeyConfiguration()
         serverConfiguration.minimumTLSVersion = .tlsv12
         serverConfiguration.maximumTLSVersion = .tlsv12
+        serverConfiguration.shutdownTimeout = DeviceTLS.shutdownTimeout
         serverConfiguration.cipherSuites = Self.cipherSuites
         serverConfiguration.pskHint = "peersync"
         let provider: NIOPSKServerIdentityProvider = { context in
@@ -49,6 +50,7 @@ struct TLSContexts: Sendable {
         var clientConfiguration = TLSConfiguration.makePreSharedKeyConfiguration()
         clientConfiguration.minimumTLSVersion = .tlsv12
         clientConfiguration.maximumTLSVersion = .tlsv12
+        clientConfiguration.shutdownTimeout = DeviceTLS.shutdownTimeout
         clientConfiguration.cipherSuites = Self.cipherSuites
         clientConfiguration.pskClientProvider = { _ in
             var bytes = NIOSSLSecureBytes()
