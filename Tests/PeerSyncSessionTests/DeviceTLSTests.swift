@@ -146,6 +146,13 @@ struct Client: Sendable {
 
 @Suite("DeviceTLS: mutual TLS 1.3 between devices", .serialized)
 struct DeviceTLSTests {
+    @Test("a closing connection waits at most 1 s for the peer's close_notify (NIOSSL's default is 5 s), both ways")
+    func boundedShutdown() throws {
+        let tls = try DeviceTLS(key: DeviceKey.generate()) { _ in true }
+        #expect(tls.serverContext.configuration.shutdownTimeout == .seconds(1))
+        #expect(tls.clientContext.configuration.shutdownTimeout == .seconds(1))
+    }
+
     @Test("two devices that admit each other complete mutual TLS 1.3, exchange bytes and learn each other's ID")
     func mutual() async throws {
         let a = DeviceKey.generate()
