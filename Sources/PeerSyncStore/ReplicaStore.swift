@@ -77,8 +77,7 @@ public final class ReplicaStore: Sendable {
             }
             throw .notAStore(path: path, detail: "a file is already there")
         }
-        let checkpointer = WALCheckpointer(path: path)
-        let pool = try openPool(path, checkpointer: checkpointer)
+        let (pool, checkpointer) = try openPool(path)
         do {
             // Before the first table: deleted space can then go back to the file system
             // (compaction; existing stores switch with a one-time VACUUM).
@@ -109,8 +108,7 @@ public final class ReplicaStore: Sendable {
     ) throws(StoreError) -> ReplicaStore {
         let path = Self.path(in: directory)
         guard FileManager.default.fileExists(atPath: path) else { throw .missing(directory: directory) }
-        let checkpointer = WALCheckpointer(path: path)
-        let pool = try openPool(path, checkpointer: checkpointer)
+        let (pool, checkpointer) = try openPool(path)
         do {
             let (isOurs, unknown) = try pool.read { db in
                 (try db.tableExists(ReplicaRow.databaseTableName),
@@ -135,7 +133,9 @@ public final class ReplicaStore: Sendable {
         (directory as NSString).appendingPathComponent(fileName)
     }
 
-    private static func openPool(_ path: String, checkpointer: WALCheckpointer) throws(StoreError) -> DatabasePool {
+    /// The store's connections, with the checkpointer their WAL hook reports to.
+    private static func openPool(_ path: String) throws(StoreError) -> (DatabasePool, WALCheckpointer) {
+        let checkpointer = WALCheckpointer(path: path)
         var config = Configuration()
         config.busyMode = .timeout(10)
         config.label = "PeerSync store"
@@ -150,7 +150,7 @@ public final class ReplicaStore: Sendable {
             checkpointer.install(on: db)
         }
         do {
-            return try DatabasePool(path: path, configuration: config)
+            return (try DatabasePool(path: path, configuration: config), checkpointer)
         } catch {
             throw StoreError.wrap(error, path: path)
         }
@@ -330,119 +330,8 @@ public final class ReplicaStore: Sendable {
         }
     }
 
-    // MARK: - Durability
-
-    /// Whether WAL checkpoints run off the commit path: a background pass copies the WAL into
-    /// the database file while commits go on (a commit then never waits for ~4 MiB to be
-    /// copied and fsynced). Off by default, where each commit that finds the WAL past 1,000
-    /// pages checkpoints inline as SQLite does — right for a process that commits and exits,
-    /// whose pass would be cut short by its exit. A process that keeps the store open and
-    /// commits often turns it on (`StoreSyncStorage` does, for every sync node).
-    public var checkpointsInBackground: Bool {
-        get { checkpointer.background.load(ordering: .relaxed) }
-        set { checkpointer.background.store(newValue, ordering: .relaxed) }
-    }
+    // MARK: - Durability and transactions (ReplicaStore+Transactions.swift)
 
     /// Called just before a write flushes the WAL (tests: hold a write there and read meanwhile).
     let beforeFlush = Mutex<(@Sendable () -> Void)?>(nil)
-
-    /// Makes every committed write durable: fsyncs the WAL (SQLite runs with synchronous=NORMAL,
-    /// which writes the WAL at commit without syncing it). Never called with the state lock held.
-    func flushToDisk() throws(StoreError) {
-        if let hook = beforeFlush.withLock({ $0 }) { hook() }
-        try Self.flush(path)
-    }
-
-    static func flush(_ path: String) throws(StoreError) {
-        // The WAL holds every commit since the last checkpoint; a checkpoint syncs the database
-        // file itself before it resets the WAL. Without a WAL file, the database file is the data.
-        var failure = syncFile(path + "-wal")
-        if failure == ENOENT { failure = syncFile(path) }
-        if failure != 0 {
-            throw .io(path: path, detail: "written but not flushed to disk: \(String(cString: strerror(failure)))")
-        }
-    }
-
-    // MARK: - Transactions
-
-    /// A write transaction (BEGIN IMMEDIATE). Storage errors come out as ``StoreError``; errors
-    /// `body` throws itself come out unchanged.
-    func run<T>(_ body: (Database) throws -> T) throws -> T {
-        do {
-            return try pool.writeWithoutTransaction { db in
-                var result: T?
-                try db.inTransaction(.immediate) {
-                    result = try body(db)
-                    return .commit
-                }
-                return result!
-            }
-        } catch {
-            throw StoreError.wrapIfStorage(error, path: path)
-        }
-    }
-
-    private func read<T>(_ body: (Database) throws -> T) throws(StoreError) -> T {
-        do {
-            return try pool.read(body)
-        } catch {
-            throw StoreError.wrap(error, path: path)
-        }
-    }
-
-    /// The shape of every state change: catch up, mutate a copy, persist what the delta touched,
-    /// commit, and only then publish the new state.
-    /// `deltasChecked`: the caller already checked each delta's own limits (only the joined
-    /// context is checked again, against whatever other processes committed meanwhile).
-    private func transaction<T: Sendable>(
-        origin: String, deltasChecked: Bool = false, _ body: (inout ReplicaState) throws -> (T, [RecordMap])
-    ) throws -> T {
-        let result = try committing(origin: origin, deltasChecked: deltasChecked, body)
-        try flushToDisk()  // outside the lock: readers see the committed state meanwhile
-        return result
-    }
-
-    private func committing<T: Sendable>(
-        origin: String, deltasChecked: Bool, _ body: (inout ReplicaState) throws -> (T, [RecordMap])
-    ) throws -> T {
-        try inner.withLock { inner in
-            // Take the state out so it is uniquely referenced: mutating it then costs nothing
-            // extra, where a copy would duplicate every record on each transaction.
-            var state = inner.state
-            inner.state = ReplicaState(replicaID: state.replicaID, name: state.name)
-            var position = inner.position
-            var absorbed: [StoreChange] = []
-            var committed: [RecordMap] = []
-            let result: T
-            do {
-                result = try run { db in
-                    absorbed = try catchUp(db, &state, &position)
-                    let conflictsBefore = state.conflicts.totalRecorded
-                    let localBefore = state.localSettings
-                    let (result, deltas) = try body(&state)
-                    try state.throwIfLocalChangeFailed()
-                    try Self.checkLimits(deltasChecked ? [] : deltas, joinedInto: state, changed: !deltas.isEmpty)
-                    committed = deltas
-                    let newConflicts = state.conflicts.entries.suffix(min(state.conflicts.totalRecorded - conflictsBefore,
-                                                                          state.conflicts.entries.count))
-                    try persist(db, state: state, deltas: deltas, localBefore: localBefore,
-                                conflicts: Array(newConflicts), origin: origin, position: &position)
-                    return result
-                }
-            } catch {
-                // The transaction rolled back; the taken state may hold part of the change.
-                // Reload what is on disk (failures are rare: disk full, read-only, a throwing body).
-                // The position stays where it was, so the next refresh() still reports (and the
-                // node still ships) other processes' commits joined into this reloaded state.
-                inner.state = (try? pool.read { db in try Self.loadState(db, physicalClock: physicalClock) }) ?? state
-                if !absorbed.isEmpty { commits.publish(state: inner.state, absorbed: absorbed, deltas: []) }
-                throw error
-            }
-            inner.state = state
-            commits.publish(state: state, absorbed: absorbed, deltas: committed)
-            inner.position = position
-            inner.absorbed += absorbed
-            return result
-        }
-    }
 }
