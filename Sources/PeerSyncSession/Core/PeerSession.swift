@@ -154,7 +154,7 @@ extension PeerSession {
         func add(_ frame: [UInt8]) {
             bytes += frame
             frames += 1
-            if let type = Frame.messageType(of: frame) { frameBytesSentByType[type, default: 0] += frame.count }
+            countSent(frame)
         }
         if let hello = out.hello {
             add(Message.hello(hello).encodedFrame())
@@ -289,6 +289,11 @@ extension PeerSession {
         return true
     }
 
+    /// Adds a frame being sent to the per-message traffic counters.
+    private mutating func countSent(_ frame: [UInt8]) {
+        if let type = Frame.messageType(of: frame) { frameBytesSentByType[type, default: 0] += frame.count }
+    }
+
     private mutating func encodeChunks(
         into bytes: inout [UInt8], frames: inout Int, budget: Int, chunkTarget: Int, onSkipped: (RecordKey, String) -> Void
     ) {
@@ -309,7 +314,7 @@ extension PeerSession {
                                       delta: payload).encodedFrame()
             bytes += frame
             frames += 1
-            if let type = Frame.messageType(of: frame) { frameBytesSentByType[type, default: 0] += frame.count }
+            countSent(frame)
             if slice.isLast { delivered.merge(round.context) }
             out.catchUp = round.isFinished ? nil : round
         }

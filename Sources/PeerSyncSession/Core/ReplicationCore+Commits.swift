@@ -123,7 +123,8 @@ extension ReplicationCore {
     @discardableResult
     mutating func forward(_ deltas: [RecordMap], from source: SessionID, state: ReplicaState,
                           stripContextFor strip: Set<SessionID> = [], actions: inout [Action]) -> Set<SessionID> {
-        guard !deltas.isEmpty else { return [] }
+        // Nothing to decide with no peer but the source (the writers walk a whole round).
+        guard !deltas.isEmpty, established.values.contains(where: { $0 != source }) else { return [] }
         // The origins are the writers of the records' dots, not the replicas of the context: a
         // catch-up round's context is the sender's whole context (every replica it ever heard
         // of), and a round's chunks before its last carry none (PROTOCOL §6.5). Either way the
