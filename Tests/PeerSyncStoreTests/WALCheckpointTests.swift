@@ -22,6 +22,12 @@ struct WALCheckpointTests {
         return written
     }
 
+    private static func store(in directory: String, background: Bool) throws -> ReplicaStore {
+        let store = try ReplicaStore.create(directory: directory, name: "a")
+        if background { store.checkpointsInBackground = true }
+        return store
+    }
+
     /// The store reopens from disk with all `count` records.
     private static func expectReopens(_ directory: String, with count: Int) throws {
         let reopened = try ReplicaStore.open(directory: directory)
@@ -32,8 +38,7 @@ struct WALCheckpointTests {
     func tailAfterBackgroundPass() throws {
         let directory = try makeTemporaryDirectory("peersync-wal")
         defer { removeTemporaryDirectory(directory) }
-        let store = try ReplicaStore.create(directory: directory, name: "a")
-        store.checkpointsInBackground = true
+        let store = try Self.store(in: directory, background: true)
         let checkpointer = store.checkpointer
         let passDone = DispatchSemaphore(value: 0)
         let release = DispatchSemaphore(value: 0)
@@ -66,8 +71,7 @@ struct WALCheckpointTests {
     func inlineWhenBackgroundFallsBehind() throws {
         let directory = try makeTemporaryDirectory("peersync-wal")
         defer { removeTemporaryDirectory(directory) }
-        let store = try ReplicaStore.create(directory: directory, name: "a")
-        store.checkpointsInBackground = true
+        let store = try Self.store(in: directory, background: true)
         let checkpointer = store.checkpointer
         let release = DispatchSemaphore(value: 0)
         checkpointer.afterBackgroundPass.withLock { $0 = { _ = release.wait(timeout: .now() + 60) } }
@@ -88,7 +92,7 @@ struct WALCheckpointTests {
     func inlineByDefault() throws {
         let directory = try makeTemporaryDirectory("peersync-wal")
         defer { removeTemporaryDirectory(directory) }
-        let store = try ReplicaStore.create(directory: directory, name: "a")
+        let store = try Self.store(in: directory, background: false)
         let checkpointer = store.checkpointer
         #expect(!store.checkpointsInBackground)
         let written = try Self.writeUntil(store, atMost: 1_000) { checkpointer.counts.inline > 0 }
