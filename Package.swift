@@ -45,7 +45,9 @@ let package = Package(
             name: "PeerSyncDiscovery",
             dependencies: ["PeerSyncCRDT", .target(name: "CDNSSD", condition: .when(platforms: [.linux]))]
         ),
-        .target(name: "PeerSyncWire", dependencies: ["PeerSyncCRDT"]),
+        // zlib's raw DEFLATE for catch-up chunks (on Apple platforms: the SDK's libz).
+        .systemLibrary(name: "CZlib", providers: [.apt(["zlib1g-dev"])]),
+        .target(name: "PeerSyncWire", dependencies: ["PeerSyncCRDT", "CZlib"]),
         // Device identities and the signed roster (pure: no NIO, no store).
         .target(
             name: "PeerSyncIdentity",

@@ -4,7 +4,7 @@
 # service start-up blocked, and the tests run avahi only inside their own network namespaces.
 set -euo pipefail
 
-packages=(libsqlite3-dev avahi-daemon libavahi-compat-libdnssd-dev dbus avahi-utils iproute2 nftables tcpdump)  # daemons never started: policy-rc.d below
+packages=(libsqlite3-dev zlib1g-dev avahi-daemon libavahi-compat-libdnssd-dev dbus avahi-utils iproute2 nftables tcpdump)  # daemons never started: policy-rc.d below
 
 missing=()
 for p in "${packages[@]}"; do

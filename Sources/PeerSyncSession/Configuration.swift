@@ -184,6 +184,11 @@ public struct SyncConfiguration: Sendable {
     /// Serve and fetch attachment bytes (announced in the hello; needs a storage that keeps
     /// them). Off, the node behaves as one that predates attachment transfer.
     public var attachments = true
+    /// Deflate catch-up chunks for peers that read them (announced in the hello,
+    /// docs/PROTOCOL.md §5.2): a first sync of 100k records sends about half the bytes, for
+    /// zlib's fastest level on both sides. Off, the node neither announces nor sends them
+    /// (docs/SECURITY.md: compression and record contents an outsider can choose).
+    public var deflateChunks = true
     /// Wall clock, ms since 1970 — for the HLC and the skew check only (tests inject skew).
     public var wallClock: @Sendable () -> UInt64
 

@@ -60,7 +60,8 @@ public actor Replicator {
                                                timing: configuration.timing, limits: configuration.limits,
                                                transfer: configuration.transfer, identity: identity,
                                                attachments: configuration.attachments && storage.storesAttachments,
-                                               seenGossip: storage.seenGossip() != nil),
+                                               seenGossip: storage.seenGossip() != nil,
+                                               deflateChunks: configuration.deflateChunks),
                                roster: storage.snapshot().roster(of: identity.groupID))
     }
 

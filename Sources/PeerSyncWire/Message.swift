@@ -58,6 +58,8 @@ public struct HelloFeatures: OptionSet, Sendable, Hashable {
     public static let attachments = HelloFeatures(rawValue: 1 << 0)
     /// Sends and reads the compaction gossip (`seen`, type 16, docs/PROTOCOL.md §19).
     public static let seenGossip = HelloFeatures(rawValue: 1 << 1)
+    /// Reads catch-up chunks whose delta is deflated (chunk field 5, docs/PROTOCOL.md §5.2).
+    public static let deflatedChunks = HelloFeatures(rawValue: 1 << 2)
 }
 
 /// The first message each side sends.
@@ -104,6 +106,8 @@ public struct Hello: Sendable, Equatable {
 public enum Message: Sendable, Equatable {
     case hello(Hello)
     /// Part `index` of `count` of the catch-up; the last chunk's delta carries the sender's context.
+    /// `delta` is always the delta itself: decoding inflates a deflated one, and
+    /// ``encodedFrame(deflatingChunk:)`` deflates it on the way out.
     case chunk(index: UInt64, count: UInt64, records: UInt64, delta: [UInt8])
     case delta([UInt8])
     /// The receiver's context after applying what it got, and (if known) the replicas it has an
@@ -154,7 +158,13 @@ public enum Message: Sendable, Equatable {
         Frame.encode(type: kind.rawValue, body: body())
     }
 
-    func body() -> [UInt8] {
+    /// The frame bytes of this message; a chunk's delta deflated when that makes it smaller
+    /// (only for a peer whose hello announced ``HelloFeatures/deflatedChunks``).
+    public func encodedFrame(deflatingChunk: Bool) -> [UInt8] {
+        Frame.encode(type: kind.rawValue, body: body(deflatingChunk: deflatingChunk))
+    }
+
+    func body(deflatingChunk: Bool = false) -> [UInt8] {
         var w = FieldWriter()
         switch self {
         case .hello(let h):
@@ -173,7 +183,12 @@ public enum Message: Sendable, Equatable {
             w.varint(1, index)
             w.varint(2, count)
             w.varint(3, records)
-            w.bytes(4, delta)
+            if deflatingChunk, let packed = ChunkDeflate.deflate(delta) {
+                w.bytes(4, packed)
+                w.varint(5, UInt64(delta.count))
+            } else {
+                w.bytes(4, delta)
+            }
         case .delta(let delta):
             return delta  // the body is the delta itself: the smallest frame for the most frequent message
         case .ack(let context, let neighbors, let incremental):
@@ -247,7 +262,8 @@ public enum Message: Sendable, Equatable {
                 throw .malformed(message: "chunk", detail: "count \(count) exceeds \(WireLimits.maxChunksPerRound)")
             }
             let records = try f.varint(3, "records")
-            let delta = try f.bytes(4, "delta")
+            var delta = try f.bytes(4, "delta")
+            if let inflated = f.varints[5] { delta = try ChunkDeflate.inflate(delta, to: inflated) }
             // Every record takes more than one byte of the delta.
             guard records <= UInt64(delta.count) else {
                 throw .malformed(message: "chunk", detail: "\(records) records in a delta of \(delta.count) bytes")

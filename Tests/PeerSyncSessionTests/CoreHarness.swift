@@ -30,7 +30,7 @@ struct CoreNode {
     /// Node `name` ("a"…"f") of ``group``; `group: nil` makes a device of no group's roster.
     init(_ name: String, maxFrameBytes: Int = WireLimits.defaultMaxFrameBytes, timing: SyncTiming = .sendingAtOnce,
          outboxDeltaBytes: Int? = nil, transfer: TransferMode = .deltas, identity: LocalIdentity? = nil,
-         attachments: Bool = false, seenGossip: Bool = false) {
+         attachments: Bool = false, seenGossip: Bool = false, deflateChunks: Bool = true) {
         state = ReplicaState(name: name)
         let member = Self.group.names.firstIndex(of: name) ?? 0
         let identity = identity ?? Self.group.identity(member)
@@ -47,7 +47,7 @@ struct CoreNode {
         seen = seenGossip ? SeenContexts() : nil
         core = ReplicationCore(settings: .init(localReplica: state.replicaID, name: name, timing: timing, limits: limits,
                                                transfer: transfer, identity: identity, attachments: attachments,
-                                               seenGossip: seenGossip),
+                                               seenGossip: seenGossip, deflateChunks: deflateChunks),
                                roster: state.roster(of: identity.groupID))
     }
 

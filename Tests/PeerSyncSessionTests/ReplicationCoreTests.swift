@@ -34,6 +34,33 @@ struct ReplicationCoreTests {
         #expect(a.core.sessions[link.aSession]?.frameBytesSentByType == sentByType)
     }
 
+    @Test("catch-up chunks are deflated for a peer whose hello says it reads them, and only for such a peer")
+    func deflatedChunksOnlyWhenAnnounced() throws {
+        func chunkFrames(_ frames: [WireFrame]) throws -> (deflated: Int, plain: Int) {
+            var counts = (deflated: 0, plain: 0)
+            for frame in frames where frame.type == Message.Kind.chunk.rawValue {
+                if try FieldReader(message: "chunk", body: frame.body).varints[5] != nil { counts.deflated += 1 } else { counts.plain += 1 }
+            }
+            return counts
+        }
+        for bReads in [true, false] {
+            var a = CoreNode("a")
+            var b = CoreNode("b", deflateChunks: bReads)
+            for record in shiftTypes(300) { try a.write { try $0.save(record) } }
+            for record in shiftTypes(300) { try b.write { try $0.save(record) } }
+            var link = CoreLink.connect(&a, &b, now: t0)
+            try link.settle(&a, &b, now: t0)
+            #expect(b.state.digest == a.state.digest)
+            let helloFromB = try #require(link.framesToA.messages().compactMap { if case .hello(let h) = $0 { h } else { nil } }.first)
+            #expect(helloFromB.features.contains(.deflatedChunks) == bReads)
+            let toB = try chunkFrames(link.framesToB)
+            let toA = try chunkFrames(link.framesToA)
+            // b's setting governs what it announces and what it sends.
+            #expect(bReads ? toB.deflated > 0 && toB.plain == 0 : toB.deflated == 0 && toB.plain > 0, "\(toB)")
+            #expect(bReads ? toA.deflated > 0 : toA.deflated == 0 && toA.plain > 0, "\(toA)")
+        }
+    }
+
     @Test("a stream of deltas shares frames: one close behind the last waits for the coalescing window; a lone one goes at once")
     func streamCoalesces() throws {
         var timing = SyncTiming()

@@ -374,13 +374,40 @@ struct VectorBuilder {
         let ping: [UInt8] = [0x79] + [UInt8](repeating: 0xee, count: 8) + [0x08, 0x05, 0x08, 0x09]
         // goodbye with an unknown reason code 77 reads as reason 99 (other).
         let goodbye: [UInt8] = [0x08, 77]
+        let (plainChunk, deflatedChunk) = Self.deflatedChunk(existing: existing["messages.json"])
         return [
+            ["name": Self.deflatedChunkName, "frame": hex(deflatedChunk), "equals": hex(plainChunk.encodedFrame())],
             ["name": "ping: unknown field 15 (wire type 1) skipped; field 1 twice, the last wins", "frame": hex(Frame.encode(type: 6, body: ping)),
              "equals": hex(Message.ping(9).encodedFrame())],
             ["name": "goodbye with an unknown reason 77 and no text: read as reason 99, text empty", "frame": hex(Frame.encode(type: 8, body: goodbye)),
              "equals": hex(Message.goodbye(.other, "").encodedFrame())],
             ["name": "ping without fields: nonce 0", "frame": hex(Frame.encode(type: 6, body: [])), "equals": hex(Message.ping(0).encodedFrame())],
         ]
+    }
+
+    static let deflatedChunkName = "chunk whose delta is deflated (field 5 = its inflated length; 16 records): reads as the plain chunk"
+
+    /// A chunk of 16 records and its frame with the delta deflated. zlib's output may differ
+    /// between versions; a stored frame that still inflates to this chunk is kept.
+    static func deflatedChunk(existing: JSON?) -> (Message, [UInt8]) {
+        var records = RecordMap()
+        for i in 0..<16 {
+            let id = UUID(uuidString: String(format: "20000000-0000-4000-8000-%012d", i))!
+            _ = try! records.write(["title": .string("Night shift \(i)"), "duration": .int(28_800),
+                                    "description": .string("Covers ward \(i % 4) with handover at the start.")],
+                                   to: RecordKey(collection: "shiftTypes", id: id), at: Fixed.ts(UInt64(i)), by: Fixed.a)
+        }
+        let delta = WireDelta.encode(records, with: WireDictionary(startingAt: Fixed.t0))
+        let chunk = Message.chunk(index: 0, count: 1, records: 16, delta: delta)
+        let stored = (existing?["decodeOnly"] as? [JSON])?.first { $0["name"] as? String == deflatedChunkName }
+        if let text = stored?["frame"] as? String {
+            var splitter = FrameSplitter()
+            splitter.append(unhex(text))
+            if let frame = try? splitter.next(), (try? Message.decode(type: frame.type, body: frame.body)) == chunk {
+                return (chunk, unhex(text))
+            }
+        }
+        return (chunk, chunk.encodedFrame(deflatingChunk: true))
     }
 
     func invalidMessages() -> [JSON] {
@@ -441,6 +468,10 @@ struct VectorBuilder {
             ["name": "chunk 1 of 2 when chunk 0 was expected", "after": "hello",
              "frame": frame(2, [0x08, 1, 0x10, 2, 0x18, 0, 0x22, 3, 0, 0, 0]), "reason": 5],
             ["name": "chunk without its delta field", "after": "hello", "frame": frame(2, [0x08, 0, 0x10, 1, 0x18, 0]), "reason": 5],
+            ["name": "deflated chunk declaring one byte more than its delta inflates to", "after": "hello",
+             "frame": hex(Self.deflatedChunk(existing: existing["messages.json"]).1.withInflatedLength(plusOne: true)), "reason": 5],
+            ["name": "deflated chunk whose field 4 is not a raw DEFLATE stream", "after": "hello",
+             "frame": frame(2, [0x08, 0, 0x10, 1, 0x18, 0, 0x22, 3, 0xff, 0xff, 0xff, 0x28, 3]), "reason": 5],
             ["name": "delta with an empty body", "after": "hello", "frame": frame(3, []), "reason": 5],
             ["name": "delta of unknown form 2", "after": "hello", "frame": frame(3, [2]), "reason": 5],
             ["name": "delta with a field timestamp 300.001 s ahead of the receiver's clock", "after": "hello", "frame": frame(3, far),
@@ -666,4 +697,25 @@ extension UUID {
 extension RecordKey {
     /// The synced settings record (collection "settings", the all-zero UUID), as PeerSyncModel names it.
     static let settingsForVectors = RecordKey(collection: "settings", id: UUID(uuid: (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)))
+}
+
+private extension Array where Element == UInt8 {
+    /// This deflated chunk frame with its field 5 (the last field, a varint) one larger.
+    func withInflatedLength(plusOne: Bool) -> [UInt8] {
+        var splitter = FrameSplitter()
+        splitter.append(self)
+        let frame = try! splitter.next()!
+        var reader = ByteReader(frame.body)
+        var fields = FieldWriter()
+        while !reader.isAtEnd {
+            let key = reader.readVarint()!
+            if key & 7 == 0 {
+                let value = reader.readVarint()!
+                fields.varint(key >> 3, key >> 3 == 5 && plusOne ? value + 1 : value)
+            } else {
+                fields.bytes(key >> 3, Array(reader.readLengthPrefixed()!))
+            }
+        }
+        return Frame.encode(type: frame.type, body: fields.bytes)
+    }
 }

@@ -144,8 +144,9 @@ public struct OutboundBatch: Sendable {
 extension PeerSession {
     /// Encodes what is due, up to about `budget` bytes (at least one frame). Marks what it
     /// encodes as delivered to the peer. Returns nil when there is nothing to send.
+    /// `deflateChunks`: deflate catch-up chunks if the peer's hello says it reads them.
     mutating func nextBatch(
-        budget: Int, state: ReplicaState, neighbors: [ReplicaID], chunkTarget: Int, now: MonotonicInstant,
+        budget: Int, state: ReplicaState, neighbors: [ReplicaID], chunkTarget: Int, deflateChunks: Bool = false, now: MonotonicInstant,
         coalescing: Duration = .zero, gossip: () -> SeenContexts? = { nil }, onSkipped: (RecordKey, String) -> Void
     ) -> OutboundBatch? {
         var bytes: [UInt8] = []
@@ -259,7 +260,8 @@ extension PeerSession {
                 }
             }
             sendDeltas()
-            encodeChunks(into: &bytes, frames: &frames, budget: budget, chunkTarget: chunkTarget, onSkipped: onSkipped)
+            encodeChunks(into: &bytes, frames: &frames, budget: budget, chunkTarget: chunkTarget,
+                         deflate: deflateChunks && peer?.features.contains(.deflatedChunks) == true, onSkipped: onSkipped)
             sendDeltas()
         }
         let flushed = out.pendingDeltas.isEmpty && out.catchUp == nil && out.nextCatchUp == nil && !out.resync
@@ -295,7 +297,8 @@ extension PeerSession {
     }
 
     private mutating func encodeChunks(
-        into bytes: inout [UInt8], frames: inout Int, budget: Int, chunkTarget: Int, onSkipped: (RecordKey, String) -> Void
+        into bytes: inout [UInt8], frames: inout Int, budget: Int, chunkTarget: Int, deflate: Bool,
+        onSkipped: (RecordKey, String) -> Void
     ) {
         while bytes.count < budget {
             if out.catchUp == nil, let next = out.nextCatchUp {
@@ -311,7 +314,7 @@ extension PeerSession {
             let payload = WireDelta.encode(records: slice.records, context: slice.isLast ? round.context : CausalContext(),
                                            with: outbound)
             let frame = Message.chunk(index: UInt64(slice.index), count: UInt64(round.chunkCount), records: UInt64(slice.records.count),
-                                      delta: payload).encodedFrame()
+                                      delta: payload).encodedFrame(deflatingChunk: deflate)
             bytes += frame
             frames += 1
             countSent(frame)

@@ -102,8 +102,8 @@ extension ReplicationCore {
         let address = session.origin.address
         let heldBefore = session.deltasHeldUntil
         let batch = session.nextBatch(
-            budget: budget, state: state, neighbors: neighbors, chunkTarget: settings.limits.chunkTargetBytes, now: now,
-            coalescing: settings.timing.deltaCoalescing, gossip: gossip
+            budget: budget, state: state, neighbors: neighbors, chunkTarget: settings.limits.chunkTargetBytes,
+            deflateChunks: settings.deflateChunks, now: now, coalescing: settings.timing.deltaCoalescing, gossip: gossip
         ) { key, field in
             actions.append(.log(CoreLog(.warning, "a field is too large for the peer's frames and is not sent to it",
                                         ["record": "\(key)", "field": field, "peer.address": address])))

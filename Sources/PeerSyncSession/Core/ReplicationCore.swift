@@ -24,6 +24,8 @@ struct ReplicationCore {
         var attachments = false
         /// Send and read the compaction gossip (`seen`, type 16; announced in the hello).
         var seenGossip = false
+        /// Send deflated catch-up chunks to peers that read them, and announce reading them.
+        var deflateChunks = true
     }
 
     enum Action {
@@ -109,6 +111,7 @@ struct ReplicationCore {
         var features: HelloFeatures = []
         if settings.attachments { features.insert(.attachments) }
         if settings.seenGossip { features.insert(.seenGossip) }
+        if settings.deflateChunks { features.insert(.deflatedChunks) }
         return features
     }
 
