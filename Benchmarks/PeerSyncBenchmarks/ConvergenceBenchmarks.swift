@@ -246,12 +246,16 @@ enum ConvergenceBenchmarks {
                     }
                 }
                 defer { for marker in markers { marker.cancel() } }
+                let cpuBefore = Usage.cpuSeconds()
                 let start = ContinuousClock.now
                 for (i, peer) in healed.enumerated() {
                     for other in healed[(i + 1)...] { await peer.node.addPeer(.loopback(other.port)) }
                 }
                 let converged = await waitUntil(.seconds(quick ? 20 : 60)) { allEqual(healed) }
                 let elapsed = milliseconds(ContinuousClock.now - start)
+                // CPU the process spent healing (both cores count): near 2 × elapsed, the heal
+                // is short of CPU; far below it, it waits (timers, handshakes, ordering).
+                let cpuMs = (Usage.cpuSeconds() - cpuBefore) * 1000
                 let traffic = await totalTraffic(healed)
                 let byMessage = await frameBytesByMessage(healed)
                 for p in healed { await p.stop() }
@@ -259,6 +263,7 @@ enum ConvergenceBenchmarks {
                 let ops = 3 * (updates + deletes + inserts)
                 let p = transfer.label
                 metrics["\(p)_converge_ms"] = elapsed
+                metrics["\(p)_heal_cpu_ms"] = cpuMs
                 let (connected, lastChunk, lastChange) = marks.withLock { $0 }
                 if let connected { metrics["\(p)_all_connected_ms"] = milliseconds(connected - start) }
                 if let lastChunk { metrics["\(p)_last_chunk_in_ms"] = milliseconds(lastChunk - start) }

@@ -106,6 +106,12 @@ public struct SyncTiming: Sendable, Equatable {
     /// this long after it, so a stream of commits shares frames (and TLS records) instead of
     /// sending one per commit; a lone edit goes out at once. Zero sends every delta at once.
     public var deltaCoalescing: Duration = .milliseconds(2)
+    /// Records a catch-up round brought in from one peer are relayed to another peer (one not
+    /// connected to their writers) this long after they are committed, as a catch-up round of
+    /// what it still lacks — and not at all if by then it says it is connected to the writers
+    /// (docs/PROTOCOL.md §6.6). When a partition heals, every session comes up within about
+    /// this time; relaying at once sent each replica's changes twice.
+    public var roundRelayDelay: Duration = .milliseconds(100)
     /// An attachment range request unanswered for this long is asked again (of another peer
     /// if there is one).
     public var attachmentRequestTimeout: Duration = .seconds(30)

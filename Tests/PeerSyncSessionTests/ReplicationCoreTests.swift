@@ -324,11 +324,16 @@ struct ReplicationCoreTests {
         try bc.settle(&b, &c, now: t0)
         let location = Location(name: "from a")
         try a.write { try $0.save(location) }
-        for _ in 0..<3 {
-            try ab.settle(&a, &b, now: t0)
-            try bc.settle(&b, &c, now: t0)
-        }
+        try ab.settle(&a, &b, now: t0)
+        try bc.settle(&b, &c, now: t0)
+        // The live edit goes at once, with the records of a's round b still owed c (a's claim
+        // among them: c would refuse the edit without it).
         #expect(c.state.contains(location.recordKey))
+        // c's claim reaches a once b's relay of c's round is due.
+        for i in 1...3 {
+            try ab.settle(&a, &b, now: t0 + .milliseconds(200 * i))
+            try bc.settle(&b, &c, now: t0 + .milliseconds(200 * i))
+        }
         #expect(a.state.digest == c.state.digest)
     }
 
@@ -341,10 +346,11 @@ struct ReplicationCoreTests {
         let mark = (toA: ab.framesToA.count, toC: ac.framesToB.count)
         // One write of ~120 KB: over a's frame limit, so it reaches a as a round of several chunks.
         try b.writeLocations(300, named: "b")
-        for _ in 0..<3 {
-            try bc.settle(&b, &c, now: t0)
-            try ab.settle(&a, &b, now: t0)
-            try ac.settle(&a, &c, now: t0)
+        for i in 0..<3 {
+            let now = t0 + .milliseconds(200 * i)  // past the relay delay
+            try bc.settle(&b, &c, now: now)
+            try ab.settle(&a, &b, now: now)
+            try ac.settle(&a, &c, now: now)
         }
         #expect(a.state.digest == b.state.digest && b.state.digest == c.state.digest)
         #expect(ab.framesToA[mark.toA...].filter { $0.type == Message.Kind.chunk.rawValue }.count > 1)
@@ -353,54 +359,69 @@ struct ReplicationCoreTests {
         #expect(forwarded == 0, "a forwarded b's writes to c, b's neighbour")
     }
 
-    @Test("a round committed in parts: a peer not forwarded every part never holds the round's context without its records")
-    func roundContextOnlyWithEveryPart() throws {
-        for _ in 0..<2 {
-            var a = CoreNode("a", maxFrameBytes: 65_536)
-            a.core.settings.limits.catchUpBatchBytes = 1  // each chunk is committed alone
-            var b = CoreNode("b")
-            var c = CoreNode("c")
-            // A round sends records by dot, replica first: with b's ID below d's, b's records
-            // (not forwarded to c, b's neighbour) come first and d's (forwarded) last, with the
-            // round's context.
-            var d = CoreNode("d")
-            for _ in 0..<64 where d.replicaID < b.replicaID { d = CoreNode("d") }
-            #expect(b.replicaID < d.replicaID)
-            // c is b's neighbour (b's writes are not forwarded to c), not d's.
-            var ac = CoreLink.connect(&a, &c, now: t0)
-            try ac.settle(&a, &c, now: t0)
-            var bc = CoreLink.connect(&b, &c, now: t0)
-            try bc.settle(&b, &c, now: t0)
-            try ac.settle(&a, &c, now: t0)  // c's ack tells a that b is c's neighbour
-            var bd = CoreLink.connect(&b, &d, now: t0)
-            try bd.settle(&b, &d, now: t0)
-            try d.writeLocations(150, named: "d")
-            try bd.settle(&b, &d, now: t0)
-            try b.writeLocations(400, named: "b")  // chunks of b's writes alone; not sent to c: the b–c link is not pumped from here on
-            // a meets b: b's round (b's and d's writes) reaches a in several parts.
-            var ab = CoreLink.connect(&a, &b, now: t0)
-            try ab.settle(&a, &b, now: t0)
-            #expect(ab.framesToA.filter { $0.type == Message.Kind.chunk.rawValue }.count > 2)
-            try ac.settle(&a, &c, now: t0)
-            #expect(a.state.records.records(in: Location.collection).count == 550)  // b's and d's
-            // d's writes reached c through a (c is not d's neighbour).
-            for (id, _) in d.state.records.records(in: Location.collection) {
-                #expect(c.state.records.record(RecordKey(collection: Location.collection, id: id)) != nil)
-            }
-            // Whatever c's context covers, c holds: no dot of a record c lacks (else c's acks
-            // would tell b it has them, and b would never send them).
-            let lacking = a.state.records.records(in: Location.collection).filter { id, _ in
-                c.state.records.record(RecordKey(collection: Location.collection, id: id)) == nil
-            }
-            #expect(!lacking.isEmpty, "b's writes were forwarded to c, b's neighbour")
-            let covered = lacking.filter { _, record in
-                record.presence.contains { c.state.context.contains(Dot(replica: $0.key, counter: $0.value.counter)) }
-            }
-            #expect(covered.isEmpty, "c's context covers \(covered.count) records it was never sent")
-        }
+    @Test("a round committed in parts is relayed as a round of its own: the peer gets what it lacks, and its context covers only what it holds")
+    func roundRelayedAsARound() throws {
+        var a = CoreNode("a", maxFrameBytes: 65_536)
+        a.core.settings.limits.catchUpBatchBytes = 1  // each chunk is committed alone
+        var b = CoreNode("b")
+        var c = CoreNode("c")
+        var d = CoreNode("d")
+        // c is b's neighbour, not d's.
+        var ac = CoreLink.connect(&a, &c, now: t0)
+        try ac.settle(&a, &c, now: t0)
+        var bc = CoreLink.connect(&b, &c, now: t0)
+        try bc.settle(&b, &c, now: t0)
+        try ac.settle(&a, &c, now: t0)  // c's ack tells a that b is c's neighbour
+        var bd = CoreLink.connect(&b, &d, now: t0)
+        try bd.settle(&b, &d, now: t0)
+        try d.writeLocations(150, named: "d")
+        try bd.settle(&b, &d, now: t0)
+        try b.writeLocations(400, named: "b")  // the b–c link is not pumped from here on
+        // a meets b: b's round (b's and d's writes) reaches a in several parts.
+        var ab = CoreLink.connect(&a, &b, now: t0)
+        try ab.settle(&a, &b, now: t0)
+        #expect(ab.framesToA.filter { $0.type == Message.Kind.chunk.rawValue }.count > 2)
+        #expect(a.state.records.records(in: Location.collection).count == 550)  // b's and d's
+        // Nothing goes to c before the relay delay: c might connect to d meanwhile.
+        let mark = ac.framesToB.count
+        try ac.settle(&a, &c, now: t0)
+        #expect(!ac.framesToB[mark...].contains { $0.type == Message.Kind.chunk.rawValue || $0.type == Message.Kind.delta.rawValue })
+        // Then c gets a round of what it lacks: d's writes (c hears d through nobody else), and
+        // b's that b never sent it.
+        try ac.settle(&a, &c, now: t0 + .milliseconds(200))
+        #expect(ac.framesToB[mark...].contains { $0.type == Message.Kind.chunk.rawValue })
+        #expect(c.state.records.records(in: Location.collection).count == 550)
+        #expect(c.state.context == a.state.context && c.state.digest == a.state.digest)
     }
 
-    @Test("line A–B–C: a round's chunks reach C through B (C is not connected to their writer)")
+    @Test("healing a partition of three: a round relayed late is not sent at all once the peer is connected to its writer")
+    func relayDroppedWhenThePeerMeetsTheWriter() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        var c = CoreNode("c")
+        var bc = CoreLink.connect(&b, &c, now: t0)
+        try bc.settle(&b, &c, now: t0)
+        try a.writeLocations(300, named: "a")  // a's writes while apart
+        // a meets b first: b owes c a's records.
+        var ab = CoreLink.connect(&a, &b, now: t0)
+        try ab.settle(&a, &b, now: t0)
+        #expect(b.state.records.records(in: Location.collection).count == 300)
+        // Then a meets c, and c's ack tells b that a is now its neighbour.
+        var ac = CoreLink.connect(&a, &c, now: t0 + .milliseconds(50))
+        try ac.settle(&a, &c, now: t0 + .milliseconds(50))
+        let mark = bc.framesToB.count
+        try bc.settle(&b, &c, now: t0 + .milliseconds(50))  // c's ack with its new neighbour
+        for i in 1...3 {
+            try bc.settle(&b, &c, now: t0 + .milliseconds(100 * i))
+            try ab.settle(&a, &b, now: t0 + .milliseconds(100 * i))
+            try ac.settle(&a, &c, now: t0 + .milliseconds(100 * i))
+        }
+        #expect(a.state.digest == b.state.digest && b.state.digest == c.state.digest)
+        let relayed = bc.framesToB[mark...].filter { $0.type == Message.Kind.chunk.rawValue || $0.type == Message.Kind.delta.rawValue }
+        #expect(relayed.isEmpty, "b relayed \(relayed.map { ($0.type, $0.size) }) of a's round to c, a's neighbour")
+    }
+
+    @Test("line A–B–C: a round's records reach C through B after the relay delay (C is not connected to their writer)")
     func chunksForwardedAlongALine() throws {
         var a = CoreNode("a")
         var b = CoreNode("b", maxFrameBytes: 65_536)
@@ -415,6 +436,9 @@ struct ReplicationCoreTests {
         try a.writeLocations(300, named: "a")
         try ab.settle(&a, &b, now: t0)
         try bc.settle(&b, &c, now: t0)
+        #expect(c.state.digest != a.state.digest, "relayed before the delay: \(bc.framesToB[mark.toC...].map { ($0.type, $0.size) })")
+        try bc.settle(&b, &c, now: t0 + .milliseconds(100))
+        try ab.settle(&a, &b, now: t0 + .milliseconds(100))  // c's claim, relayed to a
         #expect(ab.framesToB[mark.toB...].filter { $0.type == Message.Kind.chunk.rawValue }.count > 1)
         #expect(bc.framesToB[mark.toC...].contains { $0.type == Message.Kind.delta.rawValue || $0.type == Message.Kind.chunk.rawValue })
         #expect(c.state.digest == a.state.digest, "without a digest round: forwarded")

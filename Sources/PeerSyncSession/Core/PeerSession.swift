@@ -75,10 +75,11 @@ struct PeerSession {
     /// Received catch-up chunks waiting to be committed together.
     var batch: [RecordMap] = []
     var batchBytes = 0
-    /// Sessions that were not forwarded some part of the round being received from this peer
-    /// (a round over `catchUpBatchBytes` commits in several parts): they must not be forwarded
-    /// the round's context, which covers the parts they were not sent.
-    var roundNotForwardedTo: Set<SessionID> = []
+    /// Records of other peers' catch-up rounds are owed to this peer at this instant (as a
+    /// round of what it lacks), unless by then its neighbours cover ``relayWriters``.
+    var relayDue: MonotonicInstant?
+    /// The replicas that wrote the records owed (PROTOCOL §6.6).
+    var relayWriters: Set<ReplicaID> = []
     var framesSent = 0
     var framesReceived = 0
     var bytesSent = 0
@@ -100,6 +101,26 @@ struct PeerSession {
     }
 
     var peer: Hello? { machine.peer }
+
+    /// Whether the peer gets records by each of `writers` from the writer itself: it is the
+    /// writer, or a neighbour its last ack named.
+    func hearsDirectly(from writers: Set<ReplicaID>) -> Bool {
+        guard let peer = peer?.replicaID else { return false }
+        return writers.allSatisfy { $0 == peer || (neighbors?.contains($0) ?? false) }
+    }
+
+    /// A relay that is due at `now` becomes a catch-up round of what the peer lacks, unless
+    /// the peer now hears every writer directly. Live deltas queued for the peer make it due at
+    /// once: they may be writes of a replica whose claim (a roster record) is among the records
+    /// owed, and the peer refuses writes by replicas it does not know to be claimed — a round
+    /// sends roster records first, and the deltas join it. Returns whether it was due.
+    mutating func takeDueRelay(now: MonotonicInstant) -> Bool {
+        guard let due = relayDue, now >= due || !out.pendingDeltas.isEmpty else { return false }
+        relayDue = nil
+        if phase == .established, !hearsDirectly(from: relayWriters) { out.resync = true }
+        relayWriters = []
+        return true
+    }
 
     var info: PeerInfo? {
         peer.map { PeerInfo(replicaID: $0.replicaID, name: $0.name, address: origin.address, dialed: origin.initiator,

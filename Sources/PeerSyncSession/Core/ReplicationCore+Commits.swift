@@ -44,8 +44,7 @@ extension ReplicationCore {
                 if !outcome.isEmpty || grew { news.append(delta) }
             }
             if part.fromRound {
-                actions += forward(round: news, whole: news.count == part.deltas.count, ends: part.endsRound,
-                                   from: part.session, state: state)
+                actions += forward(round: news, from: part.session, state: state, now: now)
             } else {
                 for delta in news { actions += forward([delta], from: part.session, state: state) }
             }
@@ -121,65 +120,61 @@ extension ReplicationCore {
     /// directly connected to every replica that made it (acks carry neighbour lists); the
     /// decision is the same for every delta of a part. Returns the peers it was queued to.
     @discardableResult
-    mutating func forward(_ deltas: [RecordMap], from source: SessionID, state: ReplicaState,
-                          stripContextFor strip: Set<SessionID> = [], actions: inout [Action]) -> Set<SessionID> {
-        // Nothing to decide with no peer but the source (the writers walk a whole round).
+    mutating func forward(_ deltas: [RecordMap], from source: SessionID, state: ReplicaState) -> [Action] {
+        // Nothing to decide with no peer but the source.
         guard !deltas.isEmpty, established.values.contains(where: { $0 != source }) else { return [] }
-        // The origins are the writers of the records' dots, not the replicas of the context: a
-        // catch-up round's context is the sender's whole context (every replica it ever heard
-        // of), and a round's chunks before its last carry none (PROTOCOL §6.5). Either way the
-        // rule below never held for a round, and healing a partition of three sent each
-        // replica's changes twice (W3 over TLS). For a live write both are the writer.
-        var origins = Set<ReplicaID>()
-        for delta in deltas { origins.formUnion(Self.writers(in: delta)) }
-        if origins.isEmpty { for delta in deltas { origins.formUnion(delta.context.replicas) } }
-        var sent = Set<SessionID>()
+        // The origins are the writers of the records' dots (for a live delta: its writer).
+        let origins = Self.origins(of: deltas)
+        var actions: [Action] = []
         for id in established.values.sorted() where id != source {
             let other = sessions[id]!
-            if !origins.isEmpty, let peer = other.peer?.replicaID,
-               origins.allSatisfy({ $0 == peer || (other.neighbors?.contains($0) ?? false) }) { continue }
+            if !origins.isEmpty, other.hearsDirectly(from: origins) { continue }
             var queued = false
-            for delta in deltas {
-                if !delta.context.isEmpty && other.delivered.includes(delta.context) { continue }
-                if strip.contains(id) && !delta.context.isEmpty {
-                    // The records alone: the context also covers parts this peer was not sent.
-                    enqueue(RecordMap(records: delta.allRecords, context: CausalContext(), maintainingDigest: false), to: id, state: state)
-                } else {
-                    enqueue(delta, to: id, state: state)
-                }
+            for delta in deltas where delta.context.isEmpty || !other.delivered.includes(delta.context) {
+                enqueue(delta, to: id, state: state)
                 queued = true
             }
-            if queued {
-                sent.insert(id)
-                actions.append(.wake(id))
+            if queued { actions.append(.wake(id)) }
+        }
+        return actions
+    }
+
+    /// A committed part of a catch-up round from `source` (`news`: its chunks that added
+    /// something). Its records are not forwarded as they are: each other peer that does not hear
+    /// their writers directly is owed them, and after ``SyncTiming/roundRelayDelay`` gets a
+    /// catch-up round of what it lacks then — or nothing, if by then its ack names the writers
+    /// as neighbours (PROTOCOL §6.6). When a partition heals, the sessions come up one after
+    /// another; forwarding at once sent each replica's changes twice (W3 over TLS: 50 B/op of
+    /// forwarded deltas beside 62 of chunks). A round is the sender's own: a relay never
+    /// carries its context, so a peer's context never covers records it was not sent.
+    mutating func forward(round news: [RecordMap], from source: SessionID, state: ReplicaState, now: MonotonicInstant) -> [Action] {
+        // Full-state mode (benchmarks) sends its whole state on every change anyway.
+        if settings.transfer == .fullState { return forward(news, from: source, state: state) }
+        guard !news.isEmpty, established.values.contains(where: { $0 != source }) else { return [] }
+        let writers = Self.origins(of: news)
+        var actions: [Action] = []
+        for id in established.values.sorted() where id != source {
+            var other = sessions[id]!
+            guard writers.isEmpty || !other.hearsDirectly(from: writers) else { continue }
+            other.relayWriters.formUnion(writers)
+            if other.relayDue == nil {
+                let due = now + settings.timing.roundRelayDelay
+                other.relayDue = due
+                actions.append(.wakeAt(id, due))
             }
+            sessions[id] = other
         }
-        return sent
-    }
-
-    mutating func forward(_ deltas: [RecordMap], from source: SessionID, state: ReplicaState) -> [Action] {
-        var actions: [Action] = []
-        forward(deltas, from: source, state: state, actions: &actions)
         return actions
     }
 
-    /// Forwards a committed part of a catch-up round from `source` (`news`: its chunks that
-    /// added something; `whole`: all of them did). A peer is sent a round's context (its last
-    /// chunk) only if it was sent every chunk of the round: a context covers the whole round,
-    /// and a peer holding it without the records would tell everyone it has them.
-    mutating func forward(round news: [RecordMap], whole: Bool, ends: Bool, from source: SessionID,
-                          state: ReplicaState) -> [Action] {
-        var actions: [Action] = []
-        let others = Set(established.values).subtracting([source])
-        let strip = ends ? (sessions[source]?.roundNotForwardedTo ?? []) : []
-        let sent = forward(news, from: source, state: state, stripContextFor: whole ? strip : others, actions: &actions)
-        if ends {
-            sessions[source]?.roundNotForwardedTo = []
-        } else {
-            let missed = whole ? others.subtracting(sent) : others
-            sessions[source]?.roundNotForwardedTo.formUnion(missed)
-        }
-        return actions
+    /// The writers of the records' dots; for deltas without records, the replicas of their
+    /// contexts. Not a round's context alone: it is the sender's whole context (every replica it
+    /// ever heard of), and a round's chunks before its last carry none (PROTOCOL §6.5).
+    static func origins(of deltas: [RecordMap]) -> Set<ReplicaID> {
+        var origins = Set<ReplicaID>()
+        for delta in deltas { origins.formUnion(writers(in: delta)) }
+        if origins.isEmpty { for delta in deltas { origins.formUnion(delta.context.replicas) } }
+        return origins
     }
 
     /// Every replica that made a dot of `delta`'s records (field writes, presence, removals).

@@ -58,6 +58,8 @@ extension ReplicationCore {
                     continue
                 }
             case .established:
+                // A relay whose own wake was lost (the writer busy) goes with the next tick.
+                if let due = session.relayDue, now >= due { actions.append(.wake(id)) }
                 let silence = now - session.lastReceived
                 if silence >= timing.deadPeerTimeout {
                     actions += refuse(id, .timeout, "no frame for \(formatSeconds(silence.millisecondsDouble / 1000))", now: now)
@@ -95,6 +97,7 @@ extension ReplicationCore {
                             gossip: () -> SeenContexts? = { nil }) -> (OutboundBatch?, [Action]) {
         guard var session = sessions[id] else { return (nil, []) }
         var actions: [Action] = []
+        _ = session.takeDueRelay(now: now)
         if !session.out.pendingDeltas.isEmpty || session.out.catchUp != nil || session.out.nextCatchUp != nil || session.out.resync {
             lastActivity = now
         }
