@@ -115,11 +115,10 @@ extension ReplicationCore {
         return actions
     }
 
-    /// Queues what a peer sent (`deltas`: one live delta, or a committed part of a catch-up
-    /// round) to every other peer that may lack it — except a peer that made it or that is
-    /// directly connected to every replica that made it (acks carry neighbour lists); the
-    /// decision is the same for every delta of a part. Returns the peers it was queued to.
-    @discardableResult
+    /// Queues what a peer sent (`deltas`: one live delta; in full-state mode also a committed
+    /// part of a catch-up round) to every other peer that may lack it — except a peer that made
+    /// it or that is directly connected to every replica that made it (acks carry neighbour
+    /// lists); the decision is the same for every delta of a part.
     mutating func forward(_ deltas: [RecordMap], from source: SessionID, state: ReplicaState) -> [Action] {
         // Nothing to decide with no peer but the source.
         guard !deltas.isEmpty, established.values.contains(where: { $0 != source }) else { return [] }
