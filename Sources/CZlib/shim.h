@@ -7,17 +7,24 @@
 #include <string.h>
 #include <zlib.h>
 
+/// A zeroed stream (zlib's default allocator) reading `length` bytes at `in` and writing up to
+/// `capacity` at `out`. Both calls below take whole buffers, far below 4 GiB (chunks ≤ 4 MiB).
+static inline void peersync_zstream(z_stream *s, const unsigned char *in, size_t length,
+                                    unsigned char *out, size_t capacity) {
+    memset(s, 0, sizeof *s);
+    s->next_in = (Bytef *)in;
+    s->avail_in = (uInt)length;
+    s->next_out = out;
+    s->avail_out = (uInt)capacity;
+}
+
 /// Compresses `in` into `out` (capacity `capacity`) as one raw DEFLATE stream at `level`.
 /// Returns the compressed length, or 0 when it does not fit in `capacity` or zlib fails.
 static inline size_t peersync_deflate_raw(const unsigned char *in, size_t length,
                                           unsigned char *out, size_t capacity, int level) {
     z_stream s;
-    memset(&s, 0, sizeof s);
+    peersync_zstream(&s, in, length, out, capacity);
     if (deflateInit2(&s, level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) != Z_OK) return 0;
-    s.next_in = (Bytef *)in;
-    s.avail_in = (uInt)length;
-    s.next_out = out;
-    s.avail_out = (uInt)capacity;
     int code = deflate(&s, Z_FINISH);
     size_t written = (size_t)s.total_out;
     deflateEnd(&s);
@@ -30,12 +37,8 @@ static inline size_t peersync_deflate_raw(const unsigned char *in, size_t length
 static inline int peersync_inflate_raw(const unsigned char *in, size_t length,
                                        unsigned char *out, size_t expected) {
     z_stream s;
-    memset(&s, 0, sizeof s);
+    peersync_zstream(&s, in, length, out, expected);
     if (inflateInit2(&s, -15) != Z_OK) return 1;
-    s.next_in = (Bytef *)in;
-    s.avail_in = (uInt)length;
-    s.next_out = out;
-    s.avail_out = (uInt)expected;
     int code = inflate(&s, Z_FINISH);
     size_t produced = (size_t)s.total_out;
     uInt left = s.avail_in;

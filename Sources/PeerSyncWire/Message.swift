@@ -153,14 +153,9 @@ public enum Message: Sendable, Equatable {
         }
     }
 
-    /// The frame bytes of this message.
-    public func encodedFrame() -> [UInt8] {
-        Frame.encode(type: kind.rawValue, body: body())
-    }
-
-    /// The frame bytes of this message; a chunk's delta deflated when that makes it smaller
-    /// (only for a peer whose hello announced ``HelloFeatures/deflatedChunks``).
-    public func encodedFrame(deflatingChunk: Bool) -> [UInt8] {
+    /// The frame bytes of this message. `deflatingChunk`: a chunk's delta deflated when that
+    /// makes it smaller (only for a peer whose hello announced ``HelloFeatures/deflatedChunks``).
+    public func encodedFrame(deflatingChunk: Bool = false) -> [UInt8] {
         Frame.encode(type: kind.rawValue, body: body(deflatingChunk: deflatingChunk))
     }
 

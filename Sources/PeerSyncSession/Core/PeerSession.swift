@@ -113,13 +113,12 @@ struct PeerSession {
     /// the peer now hears every writer directly. Live deltas queued for the peer make it due at
     /// once: they may be writes of a replica whose claim (a roster record) is among the records
     /// owed, and the peer refuses writes by replicas it does not know to be claimed — a round
-    /// sends roster records first, and the deltas join it. Returns whether it was due.
-    mutating func takeDueRelay(now: MonotonicInstant) -> Bool {
-        guard let due = relayDue, now >= due || !out.pendingDeltas.isEmpty else { return false }
+    /// sends roster records first, and the deltas join it.
+    mutating func takeDueRelay(now: MonotonicInstant) {
+        guard let due = relayDue, now >= due || !out.pendingDeltas.isEmpty else { return }
         relayDue = nil
         if phase == .established, !hearsDirectly(from: relayWriters) { out.resync = true }
         relayWriters = []
-        return true
     }
 
     var info: PeerInfo? {
@@ -167,7 +166,7 @@ extension PeerSession {
     /// encodes as delivered to the peer. Returns nil when there is nothing to send.
     /// `deflateChunks`: deflate catch-up chunks if the peer's hello says it reads them.
     mutating func nextBatch(
-        budget: Int, state: ReplicaState, neighbors: [ReplicaID], chunkTarget: Int, deflateChunks: Bool = false, now: MonotonicInstant,
+        budget: Int, state: ReplicaState, neighbors: [ReplicaID], chunkTarget: Int, deflateChunks: Bool, now: MonotonicInstant,
         coalescing: Duration = .zero, gossip: () -> SeenContexts? = { nil }, onSkipped: (RecordKey, String) -> Void
     ) -> OutboundBatch? {
         var bytes: [UInt8] = []

@@ -97,7 +97,7 @@ extension ReplicationCore {
                             gossip: () -> SeenContexts? = { nil }) -> (OutboundBatch?, [Action]) {
         guard var session = sessions[id] else { return (nil, []) }
         var actions: [Action] = []
-        _ = session.takeDueRelay(now: now)
+        session.takeDueRelay(now: now)
         if !session.out.pendingDeltas.isEmpty || session.out.catchUp != nil || session.out.nextCatchUp != nil || session.out.resync {
             lastActivity = now
         }
