@@ -9,60 +9,6 @@ import PeerSyncStore
 import PeerSyncWire
 import Synchronization
 
-/// A change to a replica's records, wherever it came from.
-public struct ReplicaChange: Sendable {
-    public enum Origin: Sendable, Equatable {
-        /// Made through this `Replica`.
-        case local
-        /// Received from a peer.
-        case peer(name: String, replicaID: ReplicaID)
-        /// Committed by another process on the same store (e.g. the `peersync` command).
-        case otherProcess
-    }
-
-    public let origin: Origin
-    /// The records that changed (empty when another process rewrote so much that the replica
-    /// reloaded: re-read everything).
-    public let records: Set<RecordKey>
-}
-
-/// Where sync stands, for a status line in an app.
-public enum SyncStatus: Sendable, Equatable {
-    /// Sync is off: the replica works locally only.
-    case disabled
-    /// Sync is on, no peer connected yet (or all went away).
-    case connecting
-    /// Exchanging data; `progress` is the catch-up fraction when known.
-    case syncing(progress: Double?)
-    /// Every connected peer holds the same state as this replica.
-    case inSync(lastSync: Date, peers: [String])
-    /// Something a person can fix (wrong group, clock skew, port in use, storage).
-    case error(SyncIssue)
-}
-
-/// What stops sync, in terms a person can act on.
-public enum SyncIssue: Sendable, Equatable, CustomStringConvertible {
-    /// A session to `address` failed or was refused, and no peer is connected.
-    case session(address: String, reason: SessionEndReason)
-    /// The local store cannot be read.
-    case storage(String)
-    /// This device was removed from the group by an admin: it can no longer sync.
-    case removedFromGroup
-
-    public var description: String {
-        switch self {
-        case .session(let address, let reason): "\(address): \(reason)"
-        case .storage(let detail): "storage: \(detail)"
-        case .removedFromGroup: "this device was removed from the group"
-        }
-    }
-}
-
-extension SyncConfiguration {
-    /// Whether this configuration uses TCP at all (listening, dialing or discovery).
-    var usesTCP: Bool { listen != nil || !peers.isEmpty || discovery }
-}
-
 /// An offline-first replica an app opens at a path: typed reads and writes that work with sync
 /// off, and sync that can be turned on and off at any time.
 ///
@@ -83,8 +29,8 @@ public actor Replica {
     /// An upgraded group's old shared secret, if this store had one.
     public nonisolated let legacySecret: GroupSecret?
     /// While this device has not yet joined: the inviter and the entry it presents.
-    public private(set) var pendingJoin: PendingJoin?
-    private var replicator: Replicator?
+    public internal(set) var pendingJoin: PendingJoin?
+    var replicator: Replicator?
     private var node: SyncNode?
     var currentNode: SyncNode? { node }
     private var discovery: PeerDiscovery?
@@ -211,7 +157,7 @@ public actor Replica {
 
     private func republishStatus() { setStatus(status, force: true) }
 
-    private nonisolated func publish(_ change: ReplicaChange) {
+    nonisolated func publish(_ change: ReplicaChange) {
         changeSubscribers.yield(change)
     }
 
@@ -367,76 +313,6 @@ public actor Replica {
         }
     }
 
-    // MARK: - Bundles
-
-    /// A sync bundle: what a device with context `peerContext` lacks (everything for nil),
-    /// encrypted for `recipients` (the context's device, or every active device of the roster
-    /// for nil) and signed by this device. Carry it on a USB stick or by mail;
-    /// ``applyBundle(_:)`` on the other device.
-    ///
-    /// - Throws: ``BundleError/notJoined`` for everyone (nil) before this device's join completed:
-    ///   it knows no member's key yet.
-    public nonisolated func makeBundle(for peer: BundleContext?) throws(BundleError) -> [UInt8] {
-        let state = store.state
-        let delta = peer.map { state.delta(missingFrom: $0.context) } ?? state.records
-        let members = roster().activeDevices.map(\.publicKey)
-        if peer == nil, !members.contains(deviceKey.publicKey) { throw .notJoined }
-        let recipients = peer.map { [$0.device] } ?? members
-        let header = SyncBundle.Header(groupID: groupID, sender: deviceKey.publicKey, senderReplica: replicaID,
-                                       senderName: state.name, createdAt: HybridLogicalClock.wallClock(),
-                                       records: UInt64(delta.recordCount))
-        return SyncBundle.seal(delta, header: header, senderKey: deviceKey, recipients: recipients)
-    }
-
-    /// This replica's context as a file signed by this device, for ``makeBundle(for:)`` elsewhere.
-    public nonisolated func bundleContext() -> [UInt8] {
-        SyncBundle.sealContext(store.state.context, replica: replicaID, groupID: groupID, key: deviceKey)
-    }
-
-    /// Reads a context file made by a device of this group.
-    public nonisolated func readBundleContext(_ bytes: [UInt8]) throws(BundleError) -> BundleContext {
-        try SyncBundle.openContext(bytes, groupID: groupID)
-    }
-
-    /// Applies a sync bundle made for this device by an active member, in one transaction, with
-    /// the checks a peer's delta passes, and ships what it changed to connected peers. Applying
-    /// it twice changes nothing.
-    ///
-    /// - Throws: ``BundleError`` (nothing is applied), or a storage error.
-    @discardableResult
-    public func applyBundle(_ bytes: [UInt8], maxClockSkew: Duration = .seconds(300))
-        async throws -> (header: SyncBundle.Header, outcome: MergeOutcome)
-    {
-        let roster = self.roster()
-        let (header, delta) = try SyncBundle.open(bytes, groupID: groupID, me: deviceKey)
-        if let refusal = DeltaAdmission.refusal(of: delta, now: HybridLogicalClock.wallClock(),
-                                                maxSkewMilliseconds: UInt64(max(0, maxClockSkew.wholeMilliseconds))) {
-            throw BundleError.refused(refusal)
-        }
-        let validation = roster.validate(delta: delta)
-        if let refusal = validation.refused.first { throw BundleError.refused("roster entry: \(refusal)") }
-        // The sender must be a member — counting the roster entries it brings (a joiner's bundle
-        // carries its enrol) — or, while this device joins, its inviter.
-        let sender = header.sender.deviceID
-        guard validation.roster.isActive(sender) || sender == pendingJoin?.inviter else {
-            throw BundleError.unknownSender(sender.shortForm)
-        }
-        if let replica = delta.unclaimedReplica(roster: validation.roster, known: store.state.context) {
-            throw BundleError.refused("it holds writes by replica \(replica.shortDescription), which no device of the group claims")
-        }
-        let admitted = delta.strippingRefused(by: validation.roster)?.delta ?? delta
-        let outcome = try store.applyRemote(admitted, from: "bundle:\(header.sender.deviceID.shortForm)")
-        if !outcome.isEmpty {
-            await replicator?.broadcast(admitted)
-            publish(ReplicaChange(origin: .peer(name: header.senderName, replicaID: header.senderReplica), records: outcome.changedRecords))
-        }
-        if pendingJoin != nil, self.roster().isActive(deviceID) {
-            pendingJoin = nil  // joined through the bundle: the inviter's roster admits this device
-            try store.setMembership(GroupMembership(groupID: groupID.bytes))
-        }
-        return (header, outcome)
-    }
-
     private func follow(_ events: AsyncStream<NodeEvent>) async {
         for await event in events {
             switch event {
@@ -514,24 +390,7 @@ public actor Replica {
     }
 }
 
-/// Fans values out to any number of `AsyncStream` subscribers.
-final class Broadcaster<T: Sendable>: Sendable {
-    private let subscribers = Mutex<(next: Int, continuations: [Int: AsyncStream<T>.Continuation])>((0, [:]))
-
-    func subscribe() -> AsyncStream<T> {
-        let (stream, continuation) = AsyncStream<T>.makeStream(bufferingPolicy: .bufferingNewest(1_000))
-        let id = subscribers.withLock { s in
-            defer { s.next += 1 }
-            s.continuations[s.next] = continuation
-            return s.next
-        }
-        continuation.onTermination = { [weak self] _ in
-            _ = self?.subscribers.withLock { $0.continuations.removeValue(forKey: id) }
-        }
-        return stream
-    }
-
-    func yield(_ value: T) {
-        for continuation in subscribers.withLock({ Array($0.continuations.values) }) { continuation.yield(value) }
-    }
+extension SyncConfiguration {
+    /// Whether this configuration uses TCP at all (listening, dialing or discovery).
+    var usesTCP: Bool { listen != nil || !peers.isEmpty || discovery }
 }
