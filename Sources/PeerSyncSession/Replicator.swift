@@ -34,7 +34,7 @@ public actor Replicator {
     let commitQueue = DispatchQueue(label: "peersync.commit")
     /// Attachment file work, in order (Replicator+Attachments.swift).
     let attachmentQueue = DispatchQueue(label: "peersync.attachments")
-    private nonisolated let subscribers = Mutex<(next: Int, continuations: [Int: AsyncStream<NodeEvent>.Continuation])>((0, [:]))
+    private nonisolated let subscribers = Broadcaster<NodeEvent>(buffer: 10_000)
 
     private struct Transport {
         let signal: OutputSignal
@@ -71,26 +71,11 @@ public actor Replicator {
     // MARK: - Events
 
     /// What the node does. Each call makes a new subscriber.
-    public nonisolated func events() -> AsyncStream<NodeEvent> {
-        let (stream, continuation) = AsyncStream<NodeEvent>.makeStream(bufferingPolicy: .bufferingNewest(10_000))
-        let id = subscribers.withLock { s in
-            defer { s.next += 1 }
-            s.continuations[s.next] = continuation
-            return s.next
-        }
-        continuation.onTermination = { [weak self] _ in
-            _ = self?.subscribers.withLock { $0.continuations.removeValue(forKey: id) }
-        }
-        return stream
-    }
+    public nonisolated func events() -> AsyncStream<NodeEvent> { subscribers.subscribe() }
 
-    nonisolated func emit(_ event: NodeEvent) {
-        for continuation in subscribers.withLock({ Array($0.continuations.values) }) { continuation.yield(event) }
-    }
+    nonisolated func emit(_ event: NodeEvent) { subscribers.yield(event) }
 
-    private nonisolated func finishEvents() {
-        for continuation in subscribers.withLock({ Array($0.continuations.values) }) { continuation.finish() }
-    }
+    private nonisolated func finishEvents() { subscribers.finish() }
 
     // MARK: - Sessions
 
