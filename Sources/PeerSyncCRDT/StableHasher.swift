@@ -66,19 +66,45 @@ public struct StableHasher: Sendable {
         for byte in bytes { combine(byte) }
     }
 
-    /// Feeds a byte count and then the bytes, eight at a time where it can.
+    /// Feeds `count` (0–7) bytes at once: `word`'s low bytes, little-endian, its other bytes
+    /// zero (the same stream as feeding them one at a time).
+    @inline(__always)
+    mutating func combine(partial word: UInt64, count: Int) {
+        guard count > 0 else { return }
+        length &+= UInt64(count)
+        let shift = UInt64(tailCount) &* 8
+        tail |= word << shift
+        let total = tailCount &+ count
+        if total >= 8 {
+            // Only with pending bytes (count < 8): the word's high bytes start the next tail.
+            compress(tail)
+            tail = word >> (64 &- shift)
+            tailCount = total &- 8
+        } else {
+            tailCount = total
+        }
+    }
+
+    /// Feeds a byte count and then the bytes, eight at a time where it can. Field names and
+    /// short strings are mostly the part after the last whole word: it goes in as one word too.
     public mutating func combine(lengthPrefixed bytes: UnsafeBufferPointer<UInt8>) {
         combine(UInt64(bytes.count))
-        var i = 0
+        guard let base = bytes.baseAddress else { return }
+        let raw = UnsafeRawPointer(base)
         let words = bytes.count / 8
-        if let base = bytes.baseAddress {
-            let raw = UnsafeRawPointer(base)
-            while i < words {
-                combine(UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: i &* 8, as: UInt64.self)))
-                i &+= 1
-            }
+        var i = 0
+        while i < words {
+            combine(UInt64(littleEndian: raw.loadUnaligned(fromByteOffset: i &* 8, as: UInt64.self)))
+            i &+= 1
         }
-        for byte in bytes[(words &* 8)...] { combine(byte) }
+        var rest: UInt64 = 0
+        let start = words &* 8
+        var j = bytes.count
+        while j > start {
+            j &-= 1
+            rest = rest << 8 | UInt64(base[j])
+        }
+        combine(partial: rest, count: bytes.count &- start)
     }
 
     /// Feeds a string as its UTF-8 bytes, length-prefixed.
