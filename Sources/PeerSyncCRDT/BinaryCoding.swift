@@ -39,15 +39,10 @@ extension RecordState {
     ///          | varint(replica) varint(counter) 01 varint(remover) varint(remover counter)
     /// ```
     /// `base` is the smallest field timestamp, so fields written together cost one byte each.
+    /// Fields and presence entries go in the order their maps keep (name, replica).
     func encode(into w: inout BlobWriter) {
-        encode(into: &w, fields: fields.sorted(by: { $0.key < $1.key }), presence: presence.sorted(by: { $0.key < $1.key }))
-    }
-
-    /// ``encode(into:)`` with the fields and presence entries already in their encoding order.
-    private func encode(
-        into w: inout BlobWriter, fields: [(key: String, value: FieldRegister)], presence: [(key: ReplicaID, value: PresenceEntry)]
-    ) {
-        let base = fields.map(\.value.timestamp.rawValue).min() ?? 0
+        var base = fields.isEmpty ? 0 : UInt64.max
+        for entry in fields.entries { base = min(base, entry.value.timestamp.rawValue) }
         w.varint(base)
         w.varint(UInt64(fields.count))
         for (name, register) in fields {
@@ -76,6 +71,7 @@ extension RecordState {
         var state = RecordState()
         let base = try r.varint("record base timestamp")
         let fieldCount = try r.count("field count")
+        state.fields.reserveCapacity(min(fieldCount, 32))
         for _ in 0..<fieldCount {
             let name = try r.string("field name")
             let value = try r.value("field \(name) value")
@@ -89,10 +85,9 @@ extension RecordState {
             let back = try r.varint("field supersedes")
             guard back <= timestamp else { throw .invalid("field \(name) supersedes a later value") }
             let supersedes = back == 0 ? HLCTimestamp.zero : HLCTimestamp(rawValue: timestamp - back)
-            guard state.fields[name] == nil else { throw .invalid("record (field \(name) twice)") }
-            state.fields[name] = FieldRegister(
-                value: value, timestamp: HLCTimestamp(rawValue: timestamp),
-                dot: Dot(replica: writer, counter: counter), supersedes: supersedes)
+            let register = FieldRegister(value: value, timestamp: HLCTimestamp(rawValue: timestamp),
+                                         dot: Dot(replica: writer, counter: counter), supersedes: supersedes)
+            guard state.fields.updateValue(register, forKey: name) == nil else { throw .invalid("record (field \(name) twice)") }
         }
         let presenceCount = try r.count("presence count")
         for _ in 0..<presenceCount {
@@ -104,8 +99,9 @@ extension RecordState {
             case 1: removedBy = Dot(replica: try r.replica("remover"), counter: try r.counter("remover counter"))
             default: throw .invalid("presence flag")
             }
-            guard state.presence[replica] == nil else { throw .invalid("record (presence entry twice)") }
-            state.presence[replica] = PresenceEntry(counter: counter, removedBy: removedBy)
+            guard state.presence.updateValue(PresenceEntry(counter: counter, removedBy: removedBy), forKey: replica) == nil else {
+                throw .invalid("record (presence entry twice)")
+            }
         }
         guard !state.isEmpty else { throw .invalid("record (empty)") }
         return state
@@ -116,8 +112,6 @@ extension RecordState {
         // The replica table precedes the body but lists replicas in their order of use in it:
         // found first, it is written up front and the body follows in the same buffer (a
         // store writes one blob per record changed; a fresh peer's catch-up, 10⁴–10⁵ of them).
-        let fields = fields.sorted(by: { $0.key < $1.key })
-        let presence = presence.sorted(by: { $0.key < $1.key })
         var replicas: [ReplicaID] = []
         func use(_ replica: ReplicaID) { if !replicas.contains(replica) { replicas.append(replica) } }
         for (_, register) in fields { use(register.dot.replica) }
@@ -125,8 +119,19 @@ extension RecordState {
             use(replica)
             if let removedBy = entry.removedBy { use(removedBy.replica) }
         }
-        var w = BlobWriter(table: replicas)
-        encode(into: &w, fields: fields, presence: presence)
+        // Room for the whole blob up front: growing the buffer mid-record cost more than the
+        // estimate (a store writes one blob per changed record).
+        var estimate = 8 + presence.count * 12
+        for (name, register) in fields {
+            estimate += name.utf8.count + 16
+            switch register.value {
+            case .string(let s): estimate += s.utf8.count + 3
+            case .bytes(let b): estimate += b.count + 3
+            default: estimate += 17
+            }
+        }
+        var w = BlobWriter(table: replicas, bodyCapacity: estimate)
+        encode(into: &w)
         return w.finishWithTableFirst()
     }
 

@@ -37,8 +37,8 @@ struct BlobWriter {
 
     /// A writer whose replica table is known in advance (`ids`, in order of use), written at
     /// the start of `body`; ``finishWithTableFirst()`` then returns the blob without a copy.
-    init(table ids: [ReplicaID]) {
-        body.reserveCapacity(1 + ids.count * 16 + 256)
+    init(table ids: [ReplicaID], bodyCapacity: Int = 256) {
+        body.reserveCapacity(1 + ids.count * 16 + bodyCapacity)
         Varint.append(UInt64(ids.count), to: &body)
         for id in ids {
             _ = table.index(of: id)
@@ -49,7 +49,7 @@ struct BlobWriter {
 
     private var tableFirst: Int?
 
-    /// The blob of a writer made with ``init(table:)``.
+    /// The blob of a writer made with ``init(table:bodyCapacity:)``.
     func finishWithTableFirst() -> [UInt8] {
         precondition(tableFirst == table.ids.count, "a replica outside the table given in advance")
         return body

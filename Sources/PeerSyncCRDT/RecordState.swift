@@ -86,19 +86,28 @@ public struct PresenceEntry: Hashable, Sendable {
 /// so an edit made concurrently with the delete (a presence entry the deleter never saw)
 /// brings the record back with all its last-known fields, not just the edited one.
 public struct RecordState: Hashable, Sendable {
-    public internal(set) var fields: [String: FieldRegister]
-    public internal(set) var presence: [ReplicaID: PresenceEntry]
+    /// Field name → register, in name order (`String`'s `<`, the order encodings write).
+    public internal(set) var fields: SortedMap<String, FieldRegister>
+    /// Writer → its presence entry, in replica order.
+    public internal(set) var presence: SortedMap<ReplicaID, PresenceEntry>
 
-    public init(fields: [String: FieldRegister] = [:], presence: [ReplicaID: PresenceEntry] = [:]) {
+    public init(fields: SortedMap<String, FieldRegister> = SortedMap(), presence: SortedMap<ReplicaID, PresenceEntry> = SortedMap()) {
         self.fields = fields
         self.presence = presence
     }
 
     /// Whether the record exists: some presence entry is live.
-    public var isVisible: Bool { presence.values.contains { $0.isLive } }
+    public var isVisible: Bool {
+        for entry in presence.entries where entry.value.isLive { return true }
+        return false
+    }
 
     /// Field name → current value.
-    public var values: [String: FieldValue] { fields.mapValues(\.value) }
+    public var values: [String: FieldValue] {
+        var values: [String: FieldValue] = Dictionary(minimumCapacity: fields.count)
+        for (name, register) in fields { values[name] = register.value }
+        return values
+    }
 
     var isEmpty: Bool { fields.isEmpty && presence.isEmpty }
 

@@ -44,7 +44,7 @@ public enum WireDelta {
             dictionary.writeName(event.key.collection, to: &out)
             appendUUID(event.key.id, to: &out)
             Varint.append(UInt64(event.state.fields.count), to: &out)
-            for (name, register) in event.state.fields.sorted(by: { $0.key < $1.key }) {
+            for (name, register) in event.state.fields {
                 dictionary.writeName(name, to: &out)
                 register.value.encode(into: &out)
                 dictionary.writeTimestamp(register.timestamp, to: &out)
@@ -90,7 +90,7 @@ public enum WireDelta {
                     previous = (base.timestamp.rawValue, base.dot.counter)
                 }
                 Varint.append(UInt64(record.state.fields.count), to: &out)
-                for (name, register) in record.state.fields.sorted(by: { $0.key < $1.key }) {
+                for (name, register) in record.state.fields {
                     dictionary.writeName(name, to: &out)
                     register.value.encode(into: &out)
                     let ownTime = register.timestamp != record.base?.timestamp
@@ -108,7 +108,7 @@ public enum WireDelta {
                 }
                 if !simplePresence {
                     Varint.append(UInt64(record.state.presence.count), to: &out)
-                    for (replica, entry) in record.state.presence.sorted(by: { $0.key < $1.key }) {
+                    for (replica, entry) in record.state.presence {
                         dictionary.writeReplica(replica, to: &out)
                         Varint.append(entry.counter, to: &out)
                         if let remover = entry.removedBy {
@@ -173,14 +173,14 @@ public enum WireDelta {
             let dot = Dot(replica: replica, counter: counter)
             let key = RecordKey(collection: try dictionary.readName(from: &r), id: try readUUID(&r))
             var state = RecordState(presence: [replica: PresenceEntry(counter: counter, removedBy: nil)])
-            var fields: [String: FieldRegister] = [:]
+            var fields: SortedMap<String, FieldRegister> = SortedMap()
             for _ in 0..<(try readCount(&r)) {
                 let name = try dictionary.readName(from: &r)
                 let value = try readValue(&r)
                 let timestamp = try dictionary.readTimestamp(from: &r)
                 let supersedes = try readSupersedes(&r, timestamp: timestamp)
-                guard fields[name] == nil else { throw .malformed(message: "delta", detail: "field \(name) twice") }
-                fields[name] = FieldRegister(value: value, timestamp: timestamp, dot: dot, supersedes: supersedes)
+                let register = FieldRegister(value: value, timestamp: timestamp, dot: dot, supersedes: supersedes)
+                guard fields.updateValue(register, forKey: name) == nil else { throw .malformed(message: "delta", detail: "field \(name) twice") }
             }
             state = RecordState(fields: fields, presence: state.presence)
             collections[key.collection] = [key.id: state]
@@ -211,7 +211,7 @@ public enum WireDelta {
                     } else if flags & 2 != 0 {
                         throw .malformed(message: "delta", detail: "implied presence without a base")
                     }
-                    var fields: [String: FieldRegister] = [:]
+                    var fields: SortedMap<String, FieldRegister> = SortedMap()
                     for _ in 0..<(try readCount(&r)) {
                         let name = try dictionary.readName(from: &r)
                         let value = try readValue(&r)
@@ -231,10 +231,10 @@ public enum WireDelta {
                         guard let timestamp, let dot else { throw .malformed(message: "delta", detail: "field without timestamp or dot") }
                         let supersedes = kind & 4 != 0 ? try readSupersedes(&r, timestamp: timestamp) : .zero
                         guard kind & 4 == 0 || supersedes != .zero else { throw .malformed(message: "delta", detail: "bad supersedes") }
-                        guard fields[name] == nil else { throw .malformed(message: "delta", detail: "field \(name) twice") }
-                        fields[name] = FieldRegister(value: value, timestamp: timestamp, dot: dot, supersedes: supersedes)
+                        let register = FieldRegister(value: value, timestamp: timestamp, dot: dot, supersedes: supersedes)
+                        guard fields.updateValue(register, forKey: name) == nil else { throw .malformed(message: "delta", detail: "field \(name) twice") }
                     }
-                    var presence: [ReplicaID: PresenceEntry] = [:]
+                    var presence: SortedMap<ReplicaID, PresenceEntry> = SortedMap()
                     if flags & 2 != 0, let base {
                         presence[base.dot.replica] = PresenceEntry(counter: base.dot.counter, removedBy: nil)
                     } else {
@@ -247,8 +247,9 @@ public enum WireDelta {
                             case 1: removedBy = Dot(replica: try dictionary.readReplica(from: &r), counter: try readCounter(&r))
                             default: throw .malformed(message: "delta", detail: "bad presence flag")
                             }
-                            guard presence[replica] == nil else { throw .malformed(message: "delta", detail: "presence entry twice") }
-                            presence[replica] = PresenceEntry(counter: counter, removedBy: removedBy)
+                            guard presence.updateValue(PresenceEntry(counter: counter, removedBy: removedBy), forKey: replica) == nil else {
+                                throw .malformed(message: "delta", detail: "presence entry twice")
+                            }
                         }
                     }
                     guard !fields.isEmpty || !presence.isEmpty else { throw .malformed(message: "delta", detail: "empty record") }

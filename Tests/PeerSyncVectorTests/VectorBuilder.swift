@@ -226,7 +226,7 @@ struct VectorBuilder {
         func key(_ collection: String, _ id: UUID) -> RecordKey { RecordKey(collection: collection, id: id) }
         func event(_ writer: ReplicaID, _ counter: UInt64, _ key: RecordKey, _ fields: [String: (FieldValue, HLCTimestamp, HLCTimestamp)]) -> RecordMap {
             let dot = Dot(replica: writer, counter: counter)
-            let state = RecordState(fields: fields.mapValues { FieldRegister(value: $0.0, timestamp: $0.1, dot: dot, supersedes: $0.2) },
+            let state = RecordState(fields: SortedMap(fields.mapValues { FieldRegister(value: $0.0, timestamp: $0.1, dot: dot, supersedes: $0.2) }),
                                     presence: [writer: PresenceEntry(counter: counter, removedBy: nil)])
             return RecordMap(records: [(key, state)], context: CausalContext(dots: [dot]), maintainingDigest: false)
         }
@@ -238,7 +238,7 @@ struct VectorBuilder {
         general.merge(second)
         let shift = RecordState(
             fields: (["symbol": "N", "title": "Night", "description": "", "duration": .double(28_800), "locationID": .uuid(Fixed.r1)]
-                     as [String: FieldValue]).mapValues { FieldRegister(value: $0, timestamp: Fixed.ts(20), dot: Dot(replica: b, counter: 1), supersedes: .zero) },
+                     as SortedMap<String, FieldValue>).mapValues { FieldRegister(value: $0, timestamp: Fixed.ts(20), dot: Dot(replica: b, counter: 1), supersedes: .zero) },
             presence: [b: PresenceEntry(counter: 1, removedBy: nil)])
         let deleted = RecordState(presence: [c: PresenceEntry(counter: 3, removedBy: Dot(replica: a, counter: 3))])
         var context = CausalContext(versionVector: [a: 3, b: 1])

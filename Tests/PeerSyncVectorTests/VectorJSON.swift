@@ -133,8 +133,8 @@ func parseState(_ any: Any?) -> RecordMap {
     for (collection, recordsJSON) in object["collections"] as! JSON {
         for (id, recordJSON) in recordsJSON as! JSON {
             let record = recordJSON as! JSON
-            var fields: [String: FieldRegister] = [:]
-            var presence: [ReplicaID: PresenceEntry] = [:]
+            var fields: SortedMap<String, FieldRegister> = [:]
+            var presence: SortedMap<ReplicaID, PresenceEntry> = [:]
             for (name, registerJSON) in record["fields"] as! JSON {
                 let r = registerJSON as! JSON
                 fields[name] = FieldRegister(value: parseValue(r["value"]), timestamp: parseTimestamp(r["timestamp"]),

@@ -158,9 +158,9 @@ func register(_ c: inout Choices) -> FieldRegister {
 }
 
 func record(_ c: inout Choices) -> RecordState {
-    var fields: [String: FieldRegister] = [:]
+    var fields: SortedMap<String, FieldRegister> = [:]
     for _ in 0..<c.below(4) { fields[name(&c)] = register(&c) }
-    var presence: [ReplicaID: PresenceEntry] = [:]
+    var presence: SortedMap<ReplicaID, PresenceEntry> = [:]
     for _ in 0..<c.below(3) {
         presence[replica(&c)] = PresenceEntry(counter: c.counter(),
                                               removedBy: c.chance(oneIn: 3) ? Dot(replica: replica(&c), counter: c.counter()) : nil)
@@ -177,7 +177,7 @@ func key(_ c: inout Choices) -> RecordKey {
 func delta(_ c: inout Choices) -> RecordMap {
     if c.chance(oneIn: 2) {
         let dot = Dot(replica: replica(&c), counter: c.counter())
-        var fields: [String: FieldRegister] = [:]
+        var fields: SortedMap<String, FieldRegister> = [:]
         for _ in 0..<c.below(4) {
             let r = register(&c)
             fields[name(&c)] = FieldRegister(value: r.value, timestamp: r.timestamp, dot: dot, supersedes: r.supersedes)

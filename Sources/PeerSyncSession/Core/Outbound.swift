@@ -188,9 +188,9 @@ struct CatchUpRound {
     /// with the first part.
     private mutating func split(_ key: RecordKey, _ state: RecordState, budget: Int, dictionary: WireDictionary) -> [RecordState] {
         var parts: [RecordState] = []
-        var fields: [String: FieldRegister] = [:]
+        var fields: SortedMap<String, FieldRegister> = SortedMap()
         var presence = state.presence
-        for (name, register) in state.fields.sorted(by: { $0.key < $1.key }) {
+        for (name, register) in state.fields {
             let single = RecordState(fields: [name: register])
             if WireDelta.encodedSizeBound(of: key, single, with: dictionary) > budget {
                 skipped.append((key, name))
