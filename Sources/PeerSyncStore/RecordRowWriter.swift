@@ -9,10 +9,10 @@ import PeerSyncCRDT
 /// arguments each row cost more (boxed values, two `Data` copies) than SQLite's insert itself
 /// (sync-initial, 10k records: ≈ 110 ms of the commit's 300 ms on a loaded machine).
 struct RecordRowWriter: ~Copyable {
-    private static let sql = """
-        INSERT INTO record (collection, id, visible, state) VALUES (?, ?, ?, ?)
-        ON CONFLICT (collection, id) DO UPDATE SET visible = excluded.visible, state = excluded.state
-        """
+    /// Every column is written and the primary key is the table's only constraint (no
+    /// secondary index, no trigger), so REPLACE means the same as an upsert; it skips reading
+    /// the old row's columns back to build the updated one (`EXPLAIN`: 25 VM steps, not 41).
+    private static let sql = "INSERT OR REPLACE INTO record (collection, id, visible, state) VALUES (?, ?, ?, ?)"
     private let connection: OpaquePointer
     private let statement: OpaquePointer
 
