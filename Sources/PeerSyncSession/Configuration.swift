@@ -112,6 +112,11 @@ public struct SyncTiming: Sendable, Equatable {
     /// (docs/PROTOCOL.md §6.6). When a partition heals, every session comes up within about
     /// this time; relaying at once sent each replica's changes twice.
     public var roundRelayDelay: Duration = .milliseconds(100)
+    /// A catch-up round that has arrived whole waits up to this long, uncommitted, while another
+    /// session is in the middle of one, so the two go into one transaction. When a partition
+    /// heals every peer sends a round at once; committed one by one, each rewrote most of the
+    /// store's pages (W3: a commit per round, ~700 WAL pages each). Zero commits each at once.
+    public var roundCommitHold: Duration = .milliseconds(50)
     /// An attachment range request unanswered for this long is asked again (of another peer
     /// if there is one).
     public var attachmentRequestTimeout: Duration = .seconds(30)

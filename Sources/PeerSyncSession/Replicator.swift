@@ -277,6 +277,11 @@ public actor Replicator {
                 transports[id]?.close()
             case .commit(let request):
                 commit(request)
+            case .commitAt(let instant):
+                Task { [weak self] in
+                    try? await Task.sleep(until: instant, clock: .continuous)
+                    await self?.commitDue()
+                }
             case .event(let event):
                 if case .peerConnected(let info) = event, let id = core.established[info.replicaID] {
                     transports[id]?.established?()
@@ -353,6 +358,10 @@ public actor Replicator {
             let result: Result<[MergeOutcome], any Error> = Result { try storage.applyRemote(deltas, from: origin) }
             Task { await self?.commitFinished(request.id, result) }
         }
+    }
+
+    private func commitDue() {
+        perform(core.commitDue(now: .now, state: storage.snapshot()))
     }
 
     private func commitFinished(_ id: UInt64, _ result: Result<[MergeOutcome], any Error>) {

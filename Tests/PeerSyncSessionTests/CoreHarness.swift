@@ -16,6 +16,8 @@ struct CoreNode {
     var closedTransports: Set<SessionID> = []
     /// Instants the core asked the writer to be woken at (deltas held back to share a frame).
     var wakes: [MonotonicInstant] = []
+    /// Instants the core asked ``ReplicationCore/commitDue(now:state:)`` to be called at.
+    var commitDeadlines: [MonotonicInstant] = []
     var failNextCommit = false
     /// Attachment file work the core asked for (tests answer it themselves).
     var attachmentIO: [AttachmentIO] = []
@@ -67,6 +69,7 @@ struct CoreNode {
             case .wakeAt(_, let instant): wakes.append(instant)
             case .closeTransport(let id): closedTransports.insert(id)
             case .commit(let request): pendingCommits.append(request)
+            case .commitAt(let instant): commitDeadlines.append(instant)
             case .event(let event): events.append(event)
             case .log(let line): logs.append(line)
             case .admitJoiner(let id, let entry):

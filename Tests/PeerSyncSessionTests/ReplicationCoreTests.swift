@@ -284,6 +284,74 @@ struct ReplicationCoreTests {
         #expect(try b.state.fetchAll(Location.self).count == 3)
     }
 
+    /// b meets a and c, both holding writes b lacks; c's round is stopped halfway (b has some
+    /// of its chunks, not the last) while a's arrives whole.
+    private func roundsFromTwoPeers() throws -> (a: CoreNode, b: CoreNode, c: CoreNode, ab: CoreLink, cb: CoreLink) {
+        var a = CoreNode("a")
+        var b = CoreNode("b", maxFrameBytes: 65_536)
+        var c = CoreNode("c", deflateChunks: false)  // chunks of b's frame size: a round of several
+        try a.writeLocations(300, named: "a")
+        try c.writeLocations(300, named: "c")
+        let cb = CoreLink.connect(&c, &b, now: t0)
+        // One batch at a time, each direction, until b holds part of c's round.
+        for _ in 0..<100 where b.core.sessions[cb.bSession]?.batch.isEmpty ?? true {
+            for (from, to) in [(0, 1), (1, 0)] {
+                let gossip: SeenContexts? = nil
+                let (batch, actions) = from == 0
+                    ? c.core.nextBatch(cb.aSession, budget: 16_384, now: t0, state: c.state, gossip: { gossip })
+                    : b.core.nextBatch(cb.bSession, budget: 16_384, now: t0, state: b.state, gossip: { gossip })
+                if from == 0 { c.handle(actions) } else { b.handle(actions) }
+                guard let batch else { continue }
+                var splitter = FrameSplitter(maxFrameBytes: 65_536)
+                splitter.append(batch.bytes)
+                while let frame = try splitter.next() {
+                    if to == 1 {
+                        b.handle(b.core.receive(cb.bSession, type: frame.type, body: frame.body, now: t0,
+                                                wallClock: HybridLogicalClock.wallClock(), state: b.state))
+                    } else {
+                        c.handle(c.core.receive(cb.aSession, type: frame.type, body: frame.body, now: t0,
+                                                wallClock: HybridLogicalClock.wallClock(), state: c.state))
+                    }
+                }
+                b.runCommits(now: t0)
+                c.runCommits(now: t0)
+            }
+        }
+        #expect(b.core.sessions[cb.bSession]?.batch.isEmpty == false, "c's round did not stop halfway")
+        var ab = CoreLink.connect(&a, &b, now: t0)
+        try ab.settle(&a, &b, now: t0)
+        return (a, b, c, ab, cb)
+    }
+
+    @Test("a round that arrived whole waits for one still arriving on another session; both go in one commit")
+    func roundsShareACommit() throws {
+        var (a, b, c, _, cb) = try roundsFromTwoPeers()
+        let before = b.committedBatches.count
+        #expect(b.state.records.records(in: Location.collection).count == 0, "a's round was committed alone")
+        #expect(b.commitDeadlines == [t0 + SyncTiming.sendingAtOnce.roundCommitHold])
+        try cb.settle(&c, &b, now: t0 + .milliseconds(10))
+        let first = try #require(b.committedBatches[before...].first)
+        let writers = Set(first.flatMap { delta in delta.allRecords.compactMap { $0.1.fields.values.first?.dot.replica } })
+        #expect(writers.isSuperset(of: [a.replicaID, c.replicaID]))
+        #expect(b.state.records.records(in: Location.collection).count == 600)
+    }
+
+    @Test("a held round is committed at the hold's end when the other round stalls; a live delta is never held")
+    func heldRoundCommitsAtTheDeadline() throws {
+        var (a, b, _, ab, _) = try roundsFromTwoPeers()
+        #expect(b.pendingCommits.isEmpty)
+        b.handle(b.core.commitDue(now: t0 + .milliseconds(10), state: b.state))
+        #expect(b.pendingCommits.isEmpty, "committed before the hold's end")
+        b.handle(b.core.commitDue(now: t0 + SyncTiming.sendingAtOnce.roundCommitHold, state: b.state))
+        #expect(b.pendingCommits.count == 1)
+        b.runCommits(now: t0 + .milliseconds(50))
+        #expect(b.state.records.records(in: Location.collection).count == 300)
+        // c's round is still halfway; a live delta from a is committed at once all the same.
+        try a.write { try $0.save(Location(name: "live")) }
+        try ab.settle(&a, &b, now: t0 + .milliseconds(60))
+        #expect(b.state.records.records(in: Location.collection).count == 301)
+    }
+
     @Test("a failed commit closes the session with an error and stores nothing")
     func commitFailure() throws {
         var a = CoreNode("a")

@@ -106,7 +106,7 @@ extension ReplicationCore {
     mutating func joinerAdmitted(_ id: SessionID, roster: Roster, now: MonotonicInstant, state: ReplicaState) -> [Action] {
         self.roster = roster
         guard let session = sessions[id], session.phase == .joining, let hello = session.peer else { return [] }
-        return register(id, hello: hello, now: now, state: state) + startCommitIfIdle(state: state)
+        return register(id, hello: hello, now: now, state: state) + startCommitIfIdle(state: state, now: now)
     }
 
     /// The roster changed (a local or a peer's entry): sessions of devices no longer active end.

@@ -7,8 +7,10 @@ import PeerSyncWire
 extension ReplicationCore {
     // MARK: - Commits
 
-    mutating func startCommitIfIdle(state: ReplicaState) -> [Action] {
+    mutating func startCommitIfIdle(state: ReplicaState, now: MonotonicInstant) -> [Action] {
         guard inFlight == nil, !queued.isEmpty else { return [] }
+        if let hold = holdForRounds(now: now) { return hold }
+        commitHeldSince = nil
         let parts: [ApplyPart]
         if soloCommits > 0 {
             soloCommits -= 1
@@ -22,6 +24,35 @@ extension ReplicationCore {
         inFlight = request
         contextBeforeCommit = state.context
         return [.commit(request)]
+    }
+
+    /// The hold of ``SyncTiming/roundCommitHold`` is over: commit what waits.
+    mutating func commitDue(now: MonotonicInstant, state: ReplicaState) -> [Action] {
+        startCommitIfIdle(state: state, now: now)
+    }
+
+    /// Whether what is queued waits (the actions that start the wait, or none while it lasts),
+    /// or nil to commit it now. Only whole catch-up rounds wait, only while another established
+    /// session is in the middle of one, only while both fit in one batch
+    /// (``SyncLimits/catchUpBatchBytes``), and at most ``SyncTiming/roundCommitHold``: a peer
+    /// that stops halfway through its round delays the others' commit by that much, no more.
+    private mutating func holdForRounds(now: MonotonicInstant) -> [Action]? {
+        let limit = settings.timing.roundCommitHold
+        guard limit > .zero, soloCommits == 0, queued.allSatisfy(\.fromRound) else { return nil }
+        var bytes = 0
+        var arriving = false
+        for session in sessions.values where session.phase == .established && !session.batch.isEmpty {
+            arriving = true
+            bytes += session.batchBytes
+        }
+        guard arriving else { return nil }
+        for part in queued { for delta in part.deltas { bytes += delta.approximateWireBytes } }
+        guard bytes < settings.limits.catchUpBatchBytes else { return nil }
+        guard let since = commitHeldSince else {
+            commitHeldSince = now
+            return [.commitAt(now + limit)]
+        }
+        return now - since < limit ? [] : nil
     }
 
     /// The in-flight commit is durable; `outcomes` has one entry per delta, in order; `state` is
@@ -59,7 +90,7 @@ extension ReplicationCore {
         }
         actions += attachmentsReferenced(in: outcomes.lazy.flatMap { $0.changedRecords }, state: state)
         pruneProvisionalClaims()
-        return actions + startCommitIfIdle(state: state)
+        return actions + startCommitIfIdle(state: state, now: now)
     }
 
     /// The in-flight commit failed: nothing of it is stored. Its sessions are closed (their
@@ -74,11 +105,11 @@ extension ReplicationCore {
             if Set(request.parts.map(\.session)).count > 1 {
                 queued = request.parts + queued
                 soloCommits = request.parts.count
-                return startCommitIfIdle(state: state)
+                return startCommitIfIdle(state: state, now: now)
             }
             var actions: [Action] = []
             for session in Set(request.parts.map(\.session)).sorted() { actions += refuse(session, .malformed, "refused: \(error)", now: now) }
-            return actions + startCommitIfIdle(state: state)
+            return actions + startCommitIfIdle(state: state, now: now)
         }
         var actions: [Action] = [.log(CoreLog(.error, "cannot store what peers sent; closing their sessions", ["error": error]))]
         for session in Set(request.parts.map(\.session)).sorted() {
@@ -87,7 +118,7 @@ extension ReplicationCore {
             sessions[session] = s
             actions.append(.wake(session))
         }
-        return actions + startCommitIfIdle(state: state)
+        return actions + startCommitIfIdle(state: state, now: now)
     }
 
     // MARK: - Local changes and forwarding

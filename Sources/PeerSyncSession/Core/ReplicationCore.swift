@@ -37,6 +37,8 @@ struct ReplicationCore {
         case closeTransport(SessionID)
         /// Persist these deltas in one transaction, then report ``committed`` or ``commitFailed``.
         case commit(CommitRequest)
+        /// Call ``commitDue(now:state:)`` at this instant (whole rounds held for one in progress).
+        case commitAt(MonotonicInstant)
         case event(NodeEvent)
         case log(CoreLog)
         /// An unknown device presented `entry` (an enrol with a valid invite, or a legacy enrol):
@@ -76,6 +78,8 @@ struct ReplicationCore {
     /// Context before the in-flight commit: a delta that adds to it is forwarded.
     var contextBeforeCommit = CausalContext()
     var nextCommitID: UInt64 = 1
+    /// Since when queued rounds wait for one still arriving (``SyncTiming/roundCommitHold``).
+    var commitHeldSince: MonotonicInstant?
     var shuttingDown = false
     /// Full-state repairs the convergence watchdog made.
     var repairs = 0
@@ -236,7 +240,7 @@ struct ReplicationCore {
         }
         actions += queuedLogs.map { .log($0) }
         queuedLogs = []
-        return actions + startCommitIfIdle(state: state)
+        return actions + startCommitIfIdle(state: state, now: now)
     }
 
     mutating func carryOut(
