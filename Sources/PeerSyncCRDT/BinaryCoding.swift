@@ -45,19 +45,24 @@ extension RecordState {
         for entry in fields.entries { base = min(base, entry.value.timestamp.rawValue) }
         w.varint(base)
         w.varint(UInt64(fields.count))
-        for (name, register) in fields {
-            w.string(name)
-            register.value.encode(into: &w.body)
-            w.varint(register.timestamp.rawValue &- base)
-            w.replica(register.dot.replica)
-            w.varint(register.dot.counter)
-            w.varint(register.supersedes == .zero ? 0 : register.timestamp.rawValue &- register.supersedes.rawValue)
+        // Through the storage buffer: iterating the map would copy each (name, register) pair.
+        fields.entries.withUnsafeBufferPointer { entries in
+            for i in entries.indices {
+                w.string(entries[i].key)
+                entries[i].value.value.encode(into: &w.body)
+                let timestamp = entries[i].value.timestamp.rawValue
+                w.varint(timestamp &- base)
+                w.replica(entries[i].value.dot.replica)
+                w.varint(entries[i].value.dot.counter)
+                let supersedes = entries[i].value.supersedes
+                w.varint(supersedes == .zero ? 0 : timestamp &- supersedes.rawValue)
+            }
         }
         w.varint(UInt64(presence.count))
-        for (replica, entry) in presence {
-            w.replica(replica)
-            w.varint(entry.counter)
-            if let removedBy = entry.removedBy {
+        for entry in presence.entries {
+            w.replica(entry.key)
+            w.varint(entry.value.counter)
+            if let removedBy = entry.value.removedBy {
                 w.varint(1)
                 w.replica(removedBy.replica)
                 w.varint(removedBy.counter)
@@ -112,23 +117,26 @@ extension RecordState {
         // The replica table precedes the body but lists replicas in their order of use in it:
         // found first, it is written up front and the body follows in the same buffer (a
         // store writes one blob per record changed; a fresh peer's catch-up, 10⁴–10⁵ of them).
+        // One pass over the fields finds the replicas in order of use and sizes the body, so
+        // the buffer is allocated once (growing it mid-record showed in a heal's profile).
         var replicas: [ReplicaID] = []
+        replicas.reserveCapacity(2)
         func use(_ replica: ReplicaID) { if !replicas.contains(replica) { replicas.append(replica) } }
-        for (_, register) in fields { use(register.dot.replica) }
-        for (replica, entry) in presence {
-            use(replica)
-            if let removedBy = entry.removedBy { use(removedBy.replica) }
-        }
-        // Room for the whole blob up front: growing the buffer mid-record cost more than the
-        // estimate (a store writes one blob per changed record).
         var estimate = 8 + presence.count * 12
-        for (name, register) in fields {
-            estimate += name.utf8.count + 16
-            switch register.value {
-            case .string(let s): estimate += s.utf8.count + 3
-            case .bytes(let b): estimate += b.count + 3
-            default: estimate += 17
+        fields.entries.withUnsafeBufferPointer { entries in
+            for i in entries.indices {
+                use(entries[i].value.dot.replica)
+                estimate += entries[i].key.utf8.count + 16
+                switch entries[i].value.value {
+                case .string(let s): estimate += s.utf8.count + 3
+                case .bytes(let b): estimate += b.count + 3
+                default: estimate += 17
+                }
             }
+        }
+        for entry in presence.entries {
+            use(entry.key)
+            if let removedBy = entry.value.removedBy { use(removedBy.replica) }
         }
         var w = BlobWriter(table: replicas, bodyCapacity: estimate)
         encode(into: &w)

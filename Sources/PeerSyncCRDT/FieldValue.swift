@@ -110,8 +110,7 @@ extension FieldValue {
         case .null, .bool: break
         case .int(let v): Varint.append(UInt64(bitPattern: (v << 1) ^ (v >> 63)), to: &out)
         case .double(let v):
-            var bits = v.bitPattern
-            for _ in 0..<8 { out.append(UInt8(truncatingIfNeeded: bits)); bits >>= 8 }
+            withUnsafeBytes(of: v.bitPattern.littleEndian) { out.append(contentsOf: $0) }
         case .string(let v):
             Varint.append(UInt64(v.utf8.count), to: &out)
             out.append(contentsOf: v.utf8)

@@ -8,6 +8,16 @@ public struct RecordKey: Hashable, Comparable, Sendable, CustomStringConvertible
         self.id = id
     }
 
+    /// The ID's 16 bytes as two words. The collection is left out: IDs are random UUIDs, so
+    /// two keys sharing one are rare and `==` tells them apart; hashing the name as well, and
+    /// the ID as bytes, cost more than the lookups themselves in sets of changed records.
+    public func hash(into hasher: inout Hasher) {
+        withUnsafeBytes(of: id.uuid) { raw in
+            hasher.combine(raw.loadUnaligned(fromByteOffset: 0, as: UInt64.self))
+            hasher.combine(raw.loadUnaligned(fromByteOffset: 8, as: UInt64.self))
+        }
+    }
+
     public static func < (lhs: RecordKey, rhs: RecordKey) -> Bool {
         (lhs.collection, lhs.id.uuidString) < (rhs.collection, rhs.id.uuidString)
     }

@@ -81,7 +81,10 @@ public enum WireDelta {
                 .sorted { order(of: $0.base) < order(of: $1.base) }
             for record in ordered {
                 appendUUID(record.id, to: &out)
-                let simplePresence = record.base.map { record.state.presence == [$0.dot.replica: PresenceEntry(counter: $0.dot.counter, removedBy: nil)] } ?? false
+                let simplePresence = record.base.map { base in
+                    record.state.presence.count == 1 && record.state.presence[0].key == base.dot.replica
+                        && record.state.presence[0].value == PresenceEntry(counter: base.dot.counter, removedBy: nil)
+                } ?? false
                 out.append((record.base == nil ? 0 : 1) | (simplePresence ? 2 : 0))
                 if let base = record.base {
                     appendZigzag(Int64(bitPattern: base.timestamp.rawValue &- previous.time), to: &out)
