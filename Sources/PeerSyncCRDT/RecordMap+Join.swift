@@ -34,6 +34,7 @@ struct RecordJoin {
             return RecordMap.hash(presenceOf: presencePrefix!, replica, entry)
         }
         var recordChanged = false
+        var presenceChanged = false
         let visibilityBefore = current.isVisible
         // The fields of one write share its dot: index it once, not once per field.
         var lastIndexed: Dot?
@@ -42,14 +43,17 @@ struct RecordJoin {
             lastIndexed = dot
         }
         for (name, theirs) in incoming.fields {
-            if let ours = current.fields[name] {
+            // One search finds the field or where it goes.
+            let (position, found) = current.fields.position(of: name)
+            if found {
+                let ours = current.fields.entries[position].value
                 if ours == theirs { continue }
                 if theirs.wins(over: ours) {
                     if digest != nil {
                         digest!.remove(fieldHash(name, ours))
                         digest!.add(fieldHash(name, theirs))
                     }
-                    current.fields[name] = theirs
+                    current.fields.entries[position].value = theirs
                     indexDot(theirs.dot)
                     outcome.changedFieldCount += 1
                     recordChanged = true
@@ -61,7 +65,7 @@ struct RecordJoin {
                 }
             } else {
                 if digest != nil { digest!.add(fieldHash(name, theirs)) }
-                current.fields[name] = theirs
+                current.fields.entries.insert(.init(key: name, value: theirs), at: position)
                 indexDot(theirs.dot)
                 outcome.changedFieldCount += 1
                 recordChanged = true
@@ -81,11 +85,13 @@ struct RecordJoin {
                 indexDot(Dot(replica: replica, counter: joined.counter))
                 if let remover = joined.removedBy { indexDot(remover) }
                 outcome.changedPresenceCount += 1
+                presenceChanged = true
             }
         }
         if recordChanged || visibilityBefore != current.isVisible {
             outcome.changedRecords.insert(key)
         }
+        if recordChanged || presenceChanged { outcome.changedStates.insert(key) }
         held = current.isEmpty ? nil : current
     }
 
@@ -102,6 +108,7 @@ struct RecordJoin {
         outcome.changedFieldCount += incoming.fields.count
         outcome.changedPresenceCount += incoming.presence.count
         if !incoming.fields.isEmpty || incoming.isVisible { outcome.changedRecords.insert(key) }
+        outcome.changedStates.insert(key)
         if let slot { index?.addNew(incoming, id: key.id, slot: slot) }
     }
 }

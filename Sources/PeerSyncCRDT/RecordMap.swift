@@ -181,6 +181,7 @@ public struct RecordMap: Sendable {
     public mutating func apply(_ delta: RecordMap) -> MergeOutcome {
         var outcome = MergeOutcome()
         outcome.changedRecords.reserveCapacity(delta.recordCount)
+        outcome.changedStates.reserveCapacity(delta.recordCount)
         // A compacted state never takes back a record it purged (RecordMap+Compaction); decided
         // against the state before this join, while the dot index is in place.
         let echoes = compactedThrough.isEmpty ? [] : purgedEchoes(in: delta)
@@ -287,6 +288,10 @@ public struct MergeOutcome: Sendable {
     public internal(set) var conflicts: [FieldConflict] = []
     /// Records whose values or visibility changed.
     public internal(set) var changedRecords: Set<RecordKey> = []
+    /// Records whose state changed in any way: ``changedRecords`` and those where only presence
+    /// entries moved (a delete observed again, a write of the same values). What a store
+    /// rewrites; a record sent again unchanged (a duplicate from a second peer) is not here.
+    public internal(set) var changedStates: Set<RecordKey> = []
     /// The newest field timestamp seen in the delta (for the receiver's clock).
     public internal(set) var maxTimestamp: HLCTimestamp = .zero
 
@@ -300,6 +305,7 @@ public struct MergeOutcome: Sendable {
         changedPresenceCount += other.changedPresenceCount
         conflicts += other.conflicts
         changedRecords.formUnion(other.changedRecords)
+        changedStates.formUnion(other.changedStates)
         maxTimestamp.merge(other.maxTimestamp)
     }
 }

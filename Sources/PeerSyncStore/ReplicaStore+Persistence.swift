@@ -32,7 +32,7 @@ extension ReplicaStore {
     }
 
     func persist(
-        _ db: Database, state: ReplicaState, deltas: [RecordMap], localBefore: [String: FieldValue],
+        _ db: Database, state: ReplicaState, deltas: [RecordMap], rows only: Set<RecordKey>? = nil, localBefore: [String: FieldValue],
         conflicts: [ConflictEntry], origin: String, position: inout Int64
     ) throws {
         if !deltas.isEmpty {
@@ -54,6 +54,7 @@ extension ReplicaStore {
             var previous: RecordKey?
             for key in keys where key != previous {
                 previous = key
+                if let only, !only.contains(key) { continue }
                 guard let record = state.records.record(key) else { continue }
                 try rows.upsert(collection: key.collection, id: key.id, visible: record.isVisible, state: record.encodedBlob())
             }

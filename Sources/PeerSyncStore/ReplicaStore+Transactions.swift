@@ -67,16 +67,19 @@ extension ReplicaStore {
     /// commit, and only then publish the new state.
     /// `deltasChecked`: the caller already checked each delta's own limits (only the joined
     /// context is checked again, against whatever other processes committed meanwhile).
+    /// `rows`: given the body's result, the records whose rows to write (nil: every record of
+    /// the deltas).
     func transaction<T: Sendable>(
-        origin: String, deltasChecked: Bool = false, _ body: (inout ReplicaState) throws -> (T, [RecordMap])
+        origin: String, deltasChecked: Bool = false, rows: (T) -> Set<RecordKey>? = { _ in nil },
+        _ body: (inout ReplicaState) throws -> (T, [RecordMap])
     ) throws -> T {
-        let result = try committing(origin: origin, deltasChecked: deltasChecked, body)
+        let result = try committing(origin: origin, deltasChecked: deltasChecked, rows: rows, body)
         try flushToDisk()  // outside the lock: readers see the committed state meanwhile
         return result
     }
 
     private func committing<T: Sendable>(
-        origin: String, deltasChecked: Bool, _ body: (inout ReplicaState) throws -> (T, [RecordMap])
+        origin: String, deltasChecked: Bool, rows: (T) -> Set<RecordKey>?, _ body: (inout ReplicaState) throws -> (T, [RecordMap])
     ) throws -> T {
         try inner.withLock { inner in
             // Take the state out so it is uniquely referenced: mutating it then costs nothing
@@ -98,7 +101,7 @@ extension ReplicaStore {
                     committed = deltas
                     let newConflicts = state.conflicts.entries.suffix(min(state.conflicts.totalRecorded - conflictsBefore,
                                                                           state.conflicts.entries.count))
-                    try persist(db, state: state, deltas: deltas, localBefore: localBefore,
+                    try persist(db, state: state, deltas: deltas, rows: rows(result), localBefore: localBefore,
                                 conflicts: Array(newConflicts), origin: origin, position: &position)
                     return result
                 }

@@ -266,7 +266,13 @@ public final class ReplicaStore: Sendable {
             // O(delta + context), not a rollback and a reload of the state. (The transaction
             // checks again, against whatever other processes committed meanwhile.)
             try Self.checkLimits(deltas, joinedInto: inner.withLock { $0.state.context })
-            return try transaction(origin: origin, deltasChecked: true) { state in
+            // Rows only for records the join changed: a record a second peer sent again (a
+            // healing partition's overlapping rounds) is not encoded and written twice.
+            let rows: ([MergeOutcome]) -> Set<RecordKey>? = { outcomes in
+                outcomes.count == 1 ? outcomes[0].changedStates
+                    : outcomes.reduce(into: Set()) { $0.formUnion($1.changedStates) }
+            }
+            return try transaction(origin: origin, deltasChecked: true, rows: rows) { state in
                 let before = state.context
                 let outcomes = deltas.map { state.apply($0) }
                 let changed = outcomes.contains { !$0.isEmpty } || state.context != before

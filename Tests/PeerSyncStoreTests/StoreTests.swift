@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 import PeerSyncCRDT
 import PeerSyncModel
 import PeerSyncStore
@@ -80,6 +81,31 @@ struct StoreTests {
         let entries = try store.journal().count
         #expect(try store.applyRemote(delta, from: "peer").isEmpty)
         #expect(try store.journal().count == entries)
+    }
+
+    @Test("a delta repeating records the store holds rewrites only the rows of records it changes")
+    func repeatedRecordsNotRewritten() throws {
+        let dir = try makeTemporaryDirectory()
+        defer { removeTemporaryDirectory(dir) }
+        let store = try ReplicaStore.create(directory: dir, name: "x")
+        var remote = ReplicaState(replicaID: testReplica(5), name: "r")
+        for i in 0..<100 { _ = try remote.save(Location(name: "held \(i)")) }
+        try store.applyRemote(remote.delta(missingFrom: CausalContext()), from: "peer:first")
+        for i in 0..<5 { _ = try remote.save(Location(name: "new \(i)")) }
+        // Count row writes from here on (a second connection adds the trigger; the store's
+        // statements pick up the schema change).
+        try DatabaseQueue(path: ReplicaStore.path(in: dir)).write { db in
+            try db.execute(sql: """
+                CREATE TABLE rowWrites (n INTEGER NOT NULL); INSERT INTO rowWrites VALUES (0);
+                CREATE TRIGGER countRowWrites AFTER INSERT ON record BEGIN UPDATE rowWrites SET n = n + 1; END;
+                """)
+        }
+        // The whole state again, as a second peer's round would bring it: 100 held, 5 new.
+        let outcome = try store.applyRemote(remote.delta(missingFrom: CausalContext()), from: "peer:second")
+        #expect(outcome.changedRecords.count == 5)
+        let written = try DatabaseQueue(path: ReplicaStore.path(in: dir)).read { try Int.fetchOne($0, sql: "SELECT n FROM rowWrites") }
+        #expect(written == 5)
+        #expect(try store.state.fetchAll(Location.self).count == 105)
     }
 
     @Test("another process's commits are seen as deltas, without reloading the store")
