@@ -7,6 +7,26 @@ import PeerSyncWire
 extension ReplicationCore {
     // MARK: - Commits
 
+    struct CommitRequest {
+        let id: UInt64
+        let parts: [ApplyPart]
+        var deltas: [RecordMap] { parts.flatMap(\.deltas) }
+    }
+
+    struct ApplyPart {
+        let session: SessionID
+        let deltas: [RecordMap]
+        /// For chunks of a catch-up round, their approximate wire size (the session's
+        /// `batchBytes`); nil for one live delta.
+        var roundBytes: Int?
+        /// The peer's last chunk of a round is in here: ack once committed.
+        let endsRound: Bool
+        let origin: String
+
+        /// Chunks of a catch-up round (else one live delta).
+        var fromRound: Bool { roundBytes != nil }
+    }
+
     mutating func startCommitIfIdle(state: ReplicaState, now: MonotonicInstant) -> [Action] {
         guard inFlight == nil, !queued.isEmpty else { return [] }
         if let hold = holdForRounds(now: now) { return hold }
@@ -46,7 +66,7 @@ extension ReplicationCore {
             bytes += session.batchBytes
         }
         guard arriving else { return nil }
-        for part in queued { for delta in part.deltas { bytes += delta.approximateWireBytes } }
+        for part in queued { bytes += part.roundBytes ?? 0 }
         guard bytes < settings.limits.catchUpBatchBytes else { return nil }
         guard let since = commitHeldSince else {
             commitHeldSince = now

@@ -51,22 +51,6 @@ struct ReplicationCore {
         case recordSeen(SeenContexts)
     }
 
-    struct CommitRequest {
-        let id: UInt64
-        let parts: [ApplyPart]
-        var deltas: [RecordMap] { parts.flatMap(\.deltas) }
-    }
-
-    struct ApplyPart {
-        let session: SessionID
-        let deltas: [RecordMap]
-        /// Chunks of a catch-up round (else one live delta).
-        var fromRound = false
-        /// The peer's last chunk of a round is in here: ack once committed.
-        let endsRound: Bool
-        let origin: String
-    }
-
     var settings: Settings
     /// The group's roster as the local state has it (``updateRoster``).
     var roster: Roster
@@ -274,10 +258,10 @@ struct ReplicationCore {
             let last = index + 1 == count
             var actions: [Action] = []
             if last || sessions[id]!.batchBytes >= settings.limits.catchUpBatchBytes {
-                let batch = sessions[id]!.batch
+                let (batch, bytes) = (sessions[id]!.batch, sessions[id]!.batchBytes)
                 sessions[id]!.batch = []
                 sessions[id]!.batchBytes = 0
-                queued.append(ApplyPart(session: id, deltas: batch, fromRound: true, endsRound: last, origin: origin(of: sessions[id]!)))
+                queued.append(ApplyPart(session: id, deltas: batch, roundBytes: bytes, endsRound: last, origin: origin(of: sessions[id]!)))
             }
             if let info = sessions[id]!.info {
                 actions.append(.event(.catchUpProgress(info, chunk: clampedInt(index) + 1, chunks: clampedInt(count),
