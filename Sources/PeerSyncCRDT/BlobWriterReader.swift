@@ -37,7 +37,7 @@ struct BlobWriter {
 
     /// A writer whose replica table is known in advance (`ids`, in order of use), written at
     /// the start of `body`; ``finishWithTableFirst()`` then returns the blob without a copy.
-    init(table ids: [ReplicaID], bodyCapacity: Int = 256) {
+    init(table ids: [ReplicaID], bodyCapacity: Int) {
         body.reserveCapacity(1 + ids.count * 16 + bodyCapacity)
         Varint.append(UInt64(ids.count), to: &body)
         for id in ids {
