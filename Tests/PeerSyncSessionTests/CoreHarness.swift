@@ -203,6 +203,17 @@ struct CoreLink {
         throw HarnessError("link did not settle")
     }
 
+    /// Moves at most one batch of about `budget` bytes each way (a → b, then b → a) and runs
+    /// both sides' commits: for stopping a round part-way.
+    mutating func step(_ a: inout CoreNode, _ b: inout CoreNode, budget: Int, now: MonotonicInstant) throws {
+        _ = try Self.pump(from: &a, aSession, to: &b, bSession, limit: b.core.settings.limits.maxFrameBytes,
+                          record: &framesToB, now: now, budget: budget, maxBatches: 1)
+        _ = try Self.pump(from: &b, bSession, to: &a, aSession, limit: a.core.settings.limits.maxFrameBytes,
+                          record: &framesToA, now: now, budget: budget, maxBatches: 1)
+        a.runCommits(now: now)
+        b.runCommits(now: now)
+    }
+
     /// The connection is gone: both ends are told.
     mutating func end(_ a: inout CoreNode, _ b: inout CoreNode) {
         a.runCommits(now: ContinuousClock.now)
@@ -215,12 +226,12 @@ struct CoreLink {
 
     private static func pump(
         from source: inout CoreNode, _ sourceSession: SessionID, to target: inout CoreNode, _ targetSession: SessionID,
-        limit: Int, record: inout [WireFrame], now: MonotonicInstant
+        limit: Int, record: inout [WireFrame], now: MonotonicInstant, budget: Int = 1 << 20, maxBatches: Int = .max
     ) throws -> (moved: Bool, closed: Bool) {
         var moved = false
-        while true {
+        for _ in 0..<maxBatches {
             let gossip = source.gossip
-            let (batch, actions) = source.core.nextBatch(sourceSession, budget: 1 << 20, now: now, state: source.state,
+            let (batch, actions) = source.core.nextBatch(sourceSession, budget: budget, now: now, state: source.state,
                                                          gossip: { gossip })
             source.handle(actions)
             guard let batch else { return (moved, false) }
@@ -235,6 +246,7 @@ struct CoreLink {
             }
             if batch.closeAfter { return (true, true) }
         }
+        return (moved, false)
     }
 }
 

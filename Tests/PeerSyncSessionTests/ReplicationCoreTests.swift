@@ -292,30 +292,10 @@ struct ReplicationCoreTests {
         var c = CoreNode("c", deflateChunks: false)  // chunks of b's frame size: a round of several
         try a.writeLocations(300, named: "a")
         try c.writeLocations(300, named: "c")
-        let cb = CoreLink.connect(&c, &b, now: t0)
+        var cb = CoreLink.connect(&c, &b, now: t0)
         // One batch at a time, each direction, until b holds part of c's round.
         for _ in 0..<100 where b.core.sessions[cb.bSession]?.batch.isEmpty ?? true {
-            for (from, to) in [(0, 1), (1, 0)] {
-                let gossip: SeenContexts? = nil
-                let (batch, actions) = from == 0
-                    ? c.core.nextBatch(cb.aSession, budget: 16_384, now: t0, state: c.state, gossip: { gossip })
-                    : b.core.nextBatch(cb.bSession, budget: 16_384, now: t0, state: b.state, gossip: { gossip })
-                if from == 0 { c.handle(actions) } else { b.handle(actions) }
-                guard let batch else { continue }
-                var splitter = FrameSplitter(maxFrameBytes: 65_536)
-                splitter.append(batch.bytes)
-                while let frame = try splitter.next() {
-                    if to == 1 {
-                        b.handle(b.core.receive(cb.bSession, type: frame.type, body: frame.body, now: t0,
-                                                wallClock: HybridLogicalClock.wallClock(), state: b.state))
-                    } else {
-                        c.handle(c.core.receive(cb.aSession, type: frame.type, body: frame.body, now: t0,
-                                                wallClock: HybridLogicalClock.wallClock(), state: c.state))
-                    }
-                }
-                b.runCommits(now: t0)
-                c.runCommits(now: t0)
-            }
+            try cb.step(&c, &b, budget: 16_384, now: t0)
         }
         #expect(b.core.sessions[cb.bSession]?.batch.isEmpty == false, "c's round did not stop halfway")
         var ab = CoreLink.connect(&a, &b, now: t0)
