@@ -31,8 +31,10 @@ extension ReplicaStore {
         }
     }
 
+    /// Writes what a transaction changed; `only` limits the record rows to those records (nil:
+    /// every record of the deltas).
     func persist(
-        _ db: Database, state: ReplicaState, deltas: [RecordMap], rows only: Set<RecordKey>? = nil, localBefore: [String: FieldValue],
+        _ db: Database, state: ReplicaState, deltas: [RecordMap], rows only: Set<RecordKey>?, localBefore: [String: FieldValue],
         conflicts: [ConflictEntry], origin: String, position: inout Int64
     ) throws {
         if !deltas.isEmpty {
