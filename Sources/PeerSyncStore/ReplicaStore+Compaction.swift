@@ -193,7 +193,7 @@ extension ReplicaStore {
     /// One batch; returns whether the scan reached the end of the table.
     private func compactBatch(stable: CausalContext, limit: Int, after: inout (collection: String, id: Data)?,
                               run result: inout CompactionRun) throws -> Bool {
-        try inner.withLock { inner -> Bool in
+        try changingState { inner -> Bool in
             // Take the state out so it is uniquely referenced (see `committing`).
             var state = inner.state
             inner.state = ReplicaState(replicaID: state.replicaID, name: state.name)

@@ -102,7 +102,7 @@ extension ReplicaStore {
         let previous = replicaID
         let binding = Self.binding(of: path)
         do {
-            try inner.withLock { inner in
+            try changingState { inner in
                 try pool.write { db in
                     try db.execute(sql: "UPDATE replica SET replicaID = ?, binding = ?", arguments: [fresh.description, binding])
                     try db.execute(sql: "INSERT INTO incarnation (replicaID, startedAt, reason) VALUES (?, ?, ?)",

@@ -40,25 +40,27 @@ extension ReplicaStore {
         if !deltas.isEmpty {
             let rows = try RecordRowWriter(db)
             var records = 0
-            var keys: [RecordKey] = []
+            // The records to write, by collection (a record in several deltas once).
+            var ids: [String: [UUID]] = [:]
             for delta in deltas {
                 records += delta.recordCount
                 for (collection, changed) in delta.collections {
-                    for id in changed.keys { keys.append(RecordKey(collection: collection, id: id)) }
+                    for id in changed.keys where only?.contains(RecordKey(collection: collection, id: id)) ?? true {
+                        ids[collection, default: []].append(id)
+                    }
                 }
             }
             // In the table's key order when many: a fresh peer's catch-up (many chunks, one
             // commit) then appends to the B-tree instead of splitting pages at random, and the
-            // pages end up full. A record in several deltas is written once.
-            if deltas.count > 1 || keys.count > 64 {
-                keys.sort(by: RecordKey.precedesInTableOrder)
-            }
-            var previous: RecordKey?
-            for key in keys where key != previous {
-                previous = key
-                if let only, !only.contains(key) { continue }
-                guard let record = state.records.record(key) else { continue }
-                try rows.upsert(collection: key.collection, id: key.id, visible: record.isVisible, state: record.encodedBlob())
+            // pages end up full.
+            let sorted = deltas.count > 1 || records > 64
+            for collection in sorted ? ids.keys.sorted(by: RecordKey.precedesInTableOrder) : Array(ids.keys) {
+                var previous: UUID?
+                for id in sorted ? UUID.sortedInBlobOrder(ids[collection]!) : ids[collection]! where id != previous {
+                    previous = id
+                    guard let record = state.records.record(RecordKey(collection: collection, id: id)) else { continue }
+                    try rows.upsert(collection: collection, id: id, visible: record.isVisible, state: record.encodedBlob())
+                }
             }
             try db.execute(sql: "UPDATE replica SET clock = ?, context = ?", arguments: [
                 Int64(bitPattern: state.clock.latest.rawValue), Data(state.context.encodedBlob()),
@@ -89,10 +91,13 @@ extension ReplicaStore {
         if !conflicts.isEmpty {
             let before = try Int64.fetchOne(db, sql: "SELECT seq FROM conflict ORDER BY seq DESC LIMIT 1") ?? 0
             var last = before
+            // A cached statement, not the record's insert: a healing partition records hundreds.
+            let insert = try db.cachedStatement(
+                sql: "INSERT INTO conflict (collection, recordID, field, registers, detectedAt) VALUES (?, ?, ?, ?, ?)")
             for conflict in conflicts {
-                var row = ConflictRow(conflict)
-                try row.insert(db)
-                last = row.seq ?? last
+                let row = ConflictRow(conflict)
+                try insert.execute(arguments: [row.collection, row.recordID, row.field, row.registers, row.detectedAt])
+                last = db.lastInsertedRowID
             }
             // Same rule as the journal: crossing a multiple of pruneInterval keeps the newest
             // defaultCapacity rows, so the table never holds more than that + pruneInterval − 1.

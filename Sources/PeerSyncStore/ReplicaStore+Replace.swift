@@ -14,7 +14,7 @@ extension ReplicaStore {
     @discardableResult
     public func replaceRecords(reason: String, _ compute: (ReplicaState) -> [RecordKey: RecordState?]) throws(StoreError) -> Int {
         do {
-            let changed = try inner.withLock { inner in
+            let changed = try changingState { inner in
                 var state = inner.state
                 var position = inner.position
                 var absorbed: [StoreChange] = []

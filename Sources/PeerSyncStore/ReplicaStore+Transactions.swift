@@ -67,20 +67,88 @@ extension ReplicaStore {
     /// commit, and only then publish the new state.
     /// `deltasChecked`: the caller already checked each delta's own limits (only the joined
     /// context is checked again, against whatever other processes committed meanwhile).
+    /// `records`: how many records the change joins, when known beforehand (remote deltas);
+    /// a large change then runs beside readers (``largeChange(_:heldRecords:)``).
     /// `rows`: given the body's result, the records whose rows to write (nil: every record of
     /// the deltas).
     func transaction<T: Sendable>(
-        origin: String, deltasChecked: Bool = false, rows: (T) -> Set<RecordKey>? = { _ in nil },
+        origin: String, deltasChecked: Bool = false, records: Int? = nil, rows: (T) -> Set<RecordKey>? = { _ in nil },
         _ body: (inout ReplicaState) throws -> (T, [RecordMap])
     ) throws -> T {
-        let result = try committing(origin: origin, deltasChecked: deltasChecked, rows: rows, body)
-        try flushToDisk()  // outside the lock: readers see the committed state meanwhile
+        let result = try writer.withLock { _ in
+            let change = { (state: inout ReplicaState, position: inout Int64, absorbed: inout [StoreChange]) in
+                try self.commit(origin: origin, deltasChecked: deltasChecked, rows: rows, body, on: &state,
+                                position: &position, absorbed: &absorbed)
+            }
+            if let records, Self.largeChange(records, heldRecords: inner.withLock { $0.state.records.recordCount }) {
+                return try committingBesideReaders(change)
+            }
+            return try committingInPlace(change)
+        }
+        try flushToDisk()  // outside the locks: readers see the committed state meanwhile
         return result
     }
 
-    private func committing<T: Sendable>(
-        origin: String, deltasChecked: Bool, rows: (T) -> Set<RecordKey>?, _ body: (inout ReplicaState) throws -> (T, [RecordMap])
-    ) throws -> T {
+    /// Runs `body` with the state locked for a change outside ``transaction``: `writer`
+    /// first (the lock order), so no large change is working on its own copy meanwhile.
+    func changingState<R: Sendable, E: Error>(_ body: (inout Inner) throws(E) -> R) throws(E) -> R {
+        try writer.withLock { _ throws(E) -> R in
+            try inner.withLock { inner throws(E) -> R in try body(&inner) }
+        }
+    }
+
+    /// Whether a change joining `records` records into a state of `heldRecords` works on its
+    /// own copy while readers go on with the state before it: at least 64 records and 1/16 of
+    /// those held. The copy costs O(records held), a small part of writing ≥ 1/16 of them;
+    /// a smaller change holds the state lock throughout (it is short) and changes the state in
+    /// place.
+    static func largeChange(_ records: Int, heldRecords: Int) -> Bool {
+        records >= 64 && records * 16 >= heldRecords
+    }
+
+    /// One change: what ``commit(origin:deltasChecked:rows:_:on:position:absorbed:)`` does with
+    /// the caller's arguments bound.
+    private typealias Change<T> = (inout ReplicaState, inout Int64, inout [StoreChange]) throws -> Committed<T>
+
+    private struct Committed<T> {
+        var result: T
+        var absorbed: [StoreChange]
+        var deltas: [RecordMap]
+    }
+
+    /// Runs `body` in one SQLite transaction on `state`: joins other processes' commits,
+    /// applies it, checks limits, persists. On a throw, `state` may hold part of it.
+    private func commit<T>(
+        origin: String, deltasChecked: Bool, rows: (T) -> Set<RecordKey>?, _ body: (inout ReplicaState) throws -> (T, [RecordMap]),
+        on state: inout ReplicaState, position: inout Int64, absorbed: inout [StoreChange]
+    ) throws -> Committed<T> {
+        try run { db in
+            absorbed = try catchUp(db, &state, &position)
+            let conflictsBefore = state.conflicts.totalRecorded
+            let localBefore = state.localSettings
+            let (result, deltas) = try body(&state)
+            try state.throwIfLocalChangeFailed()
+            try Self.checkLimits(deltasChecked ? [] : deltas, joinedInto: state, changed: !deltas.isEmpty)
+            let newConflicts = state.conflicts.entries.suffix(min(state.conflicts.totalRecorded - conflictsBefore,
+                                                                  state.conflicts.entries.count))
+            try persist(db, state: state, deltas: deltas, rows: rows(result), localBefore: localBefore,
+                        conflicts: Array(newConflicts), origin: origin, position: &position)
+            if let hook = insideTransaction.withLock({ $0 }) { hook() }
+            return Committed(result: result, absorbed: absorbed, deltas: deltas)
+        }
+    }
+
+    /// Publishes a committed change (with `inner` locked).
+    private func publish<T>(_ committed: Committed<T>, state: ReplicaState, position: Int64, into inner: inout Inner) -> T {
+        inner.state = state
+        commits.publish(state: state, absorbed: committed.absorbed, deltas: committed.deltas)
+        inner.position = position
+        inner.absorbed += committed.absorbed
+        return committed.result
+    }
+
+    /// A change with the state lock held throughout, on the state itself.
+    private func committingInPlace<T: Sendable>(_ change: Change<T>) throws -> T {
         try inner.withLock { inner in
             // Take the state out so it is uniquely referenced: mutating it then costs nothing
             // extra, where a copy would duplicate every record on each transaction.
@@ -88,23 +156,9 @@ extension ReplicaStore {
             inner.state = ReplicaState(replicaID: state.replicaID, name: state.name)
             var position = inner.position
             var absorbed: [StoreChange] = []
-            var committed: [RecordMap] = []
-            let result: T
             do {
-                result = try run { db in
-                    absorbed = try catchUp(db, &state, &position)
-                    let conflictsBefore = state.conflicts.totalRecorded
-                    let localBefore = state.localSettings
-                    let (result, deltas) = try body(&state)
-                    try state.throwIfLocalChangeFailed()
-                    try Self.checkLimits(deltasChecked ? [] : deltas, joinedInto: state, changed: !deltas.isEmpty)
-                    committed = deltas
-                    let newConflicts = state.conflicts.entries.suffix(min(state.conflicts.totalRecorded - conflictsBefore,
-                                                                          state.conflicts.entries.count))
-                    try persist(db, state: state, deltas: deltas, rows: rows(result), localBefore: localBefore,
-                                conflicts: Array(newConflicts), origin: origin, position: &position)
-                    return result
-                }
+                let committed = try change(&state, &position, &absorbed)
+                return publish(committed, state: state, position: position, into: &inner)
             } catch {
                 // The transaction rolled back; the taken state may hold part of the change.
                 // Reload what is on disk (failures are rare: disk full, read-only, a throwing body).
@@ -114,11 +168,17 @@ extension ReplicaStore {
                 if !absorbed.isEmpty { commits.publish(state: inner.state, absorbed: absorbed, deltas: []) }
                 throw error
             }
-            inner.state = state
-            commits.publish(state: state, absorbed: absorbed, deltas: committed)
-            inner.position = position
-            inner.absorbed += absorbed
-            return result
         }
+    }
+
+    /// A large change on a copy of the state, without the state lock: readers go on with the
+    /// state before it until it has committed. Takes the state before SQLite's write lock
+    /// (the lock order); `writer` keeps every other change of it out meanwhile. If it fails,
+    /// the published state is untouched and nothing needs reloading.
+    private func committingBesideReaders<T: Sendable>(_ change: Change<T>) throws -> T {
+        var (state, position) = inner.withLock { ($0.state, $0.position) }
+        var absorbed: [StoreChange] = []
+        let committed = try change(&state, &position, &absorbed)
+        return inner.withLock { publish(committed, state: state, position: position, into: &$0) }
     }
 }

@@ -39,6 +39,10 @@ public final class ReplicaStore: Sendable {
     /// Checkpoints the WAL (off the commit path when ``checkpointsInBackground``).
     let checkpointer: WALCheckpointer
     private let observer: DatabaseQueue
+    /// Serializes every change of `inner.state` in this process. Lock order: `writer`, then
+    /// `inner`, then SQLite's write lock. A large remote commit holds only `writer` while it
+    /// works (ReplicaStore+Transactions.swift), so readers of ``state`` never wait for it.
+    let writer = Mutex<Void>(())
     let inner: Mutex<Inner>
     let physicalClock: HybridLogicalClock.PhysicalClock
     /// Every state change, in commit order, for live queries and other observers.
@@ -272,7 +276,8 @@ public final class ReplicaStore: Sendable {
                 outcomes.count == 1 ? outcomes[0].changedStates
                     : outcomes.reduce(into: Set()) { $0.formUnion($1.changedStates) }
             }
-            return try transaction(origin: origin, deltasChecked: true, rows: rows) { state in
+            let records = deltas.reduce(0) { $0 + $1.recordCount }
+            return try transaction(origin: origin, deltasChecked: true, records: records, rows: rows) { state in
                 let before = state.context
                 let outcomes = deltas.map { state.apply($0) }
                 let changed = outcomes.contains { !$0.isEmpty } || state.context != before
@@ -291,7 +296,7 @@ public final class ReplicaStore: Sendable {
         } catch {
             throw StoreError.wrap(error, path: path)
         }
-        inner.withLock { $0.state.name = name }
+        writer.withLock { _ in inner.withLock { $0.state.name = name } }
     }
 
     /// Joins what other processes committed since this one last looked. Cheap when nothing
@@ -299,17 +304,25 @@ public final class ReplicaStore: Sendable {
     public func refresh() throws(StoreError) -> [StoreChange] {
         do {
             let version = try observer.inDatabase { try Int.fetchOne($0, sql: "PRAGMA data_version") }
-            return try inner.withLock { inner in
-                var changes = inner.absorbed
-                inner.absorbed = []
-                if version != inner.dataVersion {
-                    inner.dataVersion = version
-                    let joined = try pool.read { db in try self.catchUp(db, &inner.state, &inner.position) }
-                    if !joined.isEmpty { commits.publish(state: inner.state, absorbed: joined, deltas: []) }
-                    changes += joined
-                }
-                return changes
+            let takeAbsorbed = { (inner: inout Inner) -> [StoreChange] in
+                defer { inner.absorbed = [] }
+                return inner.absorbed
             }
+            // While this process is writing, its transaction joins other processes' commits
+            // itself (they come out as `absorbed` on a later call): no need to wait for it.
+            let outcome = try writer.withLockIfAvailable { _ in
+                try inner.withLock { inner in
+                    var changes = takeAbsorbed(&inner)
+                    if version != inner.dataVersion {
+                        inner.dataVersion = version
+                        let joined = try pool.read { db in try self.catchUp(db, &inner.state, &inner.position) }
+                        if !joined.isEmpty { commits.publish(state: inner.state, absorbed: joined, deltas: []) }
+                        changes += joined
+                    }
+                    return changes
+                }
+            }
+            return outcome ?? inner.withLock { takeAbsorbed(&$0) }
         } catch {
             throw StoreError.wrap(error, path: path)
         }
@@ -340,4 +353,7 @@ public final class ReplicaStore: Sendable {
 
     /// Called just before a write flushes the WAL (tests: hold a write there and read meanwhile).
     let beforeFlush = Mutex<(@Sendable () -> Void)?>(nil)
+    /// Called inside every transaction, after its rows are written and before it commits
+    /// (tests: hold a large change there, then read and write meanwhile).
+    let insideTransaction = Mutex<(@Sendable () -> Void)?>(nil)
 }

@@ -102,11 +102,10 @@ struct JournalRow: Codable, FetchableRecord, MutablePersistableRecord {
 extension UUID {
     var data: Data { withUnsafeBytes(of: uuid) { Data($0) } }
 
-    /// The order SQLite gives ``data`` as a BLOB (bytewise, as `memcmp`).
-    static func precedesInBlobOrder(_ a: UUID, _ b: UUID) -> Bool {
-        let (a0, a1) = a.bigEndianWords
-        let (b0, b1) = b.bigEndianWords
-        return a0 != b0 ? a0 < b0 : a1 < b1
+    /// `ids` in the order SQLite gives ``data`` as a BLOB (bytewise, as `memcmp`); each ID's
+    /// words are computed once.
+    static func sortedInBlobOrder(_ ids: [UUID]) -> [UUID] {
+        ids.map { ($0.bigEndianWords, $0) }.sorted { $0.0 < $1.0 }.map(\.1)
     }
 
     /// The 16 bytes as two big-endian words: comparing them compares the bytes in order.
@@ -125,10 +124,10 @@ extension UUID {
 }
 
 extension RecordKey {
-    /// The order of the `record` table's primary key `(collection, id)`: collection names as
-    /// SQLite's BINARY collation compares them (UTF-8 bytes), then IDs as BLOBs.
-    static func precedesInTableOrder(_ a: RecordKey, _ b: RecordKey) -> Bool {
-        if a.collection != b.collection { return a.collection.utf8.lexicographicallyPrecedes(b.collection.utf8) }
-        return UUID.precedesInBlobOrder(a.id, b.id)
+    /// Collection names in the order of the `record` table's primary key `(collection, id)`:
+    /// as SQLite's BINARY collation compares them (UTF-8 bytes). IDs follow
+    /// ``Foundation/UUID/sortedInBlobOrder(_:)``.
+    static func precedesInTableOrder(_ a: String, _ b: String) -> Bool {
+        a.utf8.lexicographicallyPrecedes(b.utf8)
     }
 }
