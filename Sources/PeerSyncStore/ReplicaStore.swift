@@ -183,7 +183,9 @@ public final class ReplicaStore: Sendable {
 
     // MARK: - Reading
 
-    /// A snapshot of the replica's state as this process last saw it (see ``refresh()``).
+    /// A snapshot of the replica's state as this process last saw it (see ``refresh()``): the
+    /// state after the last committed change. A small change in progress makes it wait (briefly);
+    /// a large one from a peer does not, and shows only once it has committed.
     public var state: ReplicaState { inner.withLock { $0.state } }
 
     public var replicaID: ReplicaID { state.replicaID }
