@@ -332,6 +332,27 @@ struct ReplicationCoreTests {
         #expect(b.state.records.records(in: Location.collection).count == 301)
     }
 
+    @Test("a batch carrying the handshake leaves the round's plan to the next batch, so the peer admits this side first")
+    func handshakeBeforeRoundPlan() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        try a.writeLocations(300, named: "early ")
+        var link = CoreLink.connect(&a, &b, now: t0)
+        // a's batches, one per step, by their messages.
+        var batches: [[Message]] = []
+        for _ in 0..<20 where !batches.contains(where: { $0.contains { $0.isChunk } }) {
+            let sent = link.framesToB.count
+            try link.step(&a, &b, budget: 1 << 20, now: t0)
+            let messages = Array(link.framesToB[sent...]).messages()
+            if !messages.isEmpty { batches.append(messages) }
+        }
+        let withAuth = try #require(batches.first { $0.contains { $0.isAuth } })
+        #expect(!withAuth.contains { $0.isChunk }, "the round was planned and sent with the handshake")
+        #expect(batches.last?.contains { $0.isChunk } == true, "no round followed the handshake")
+        try link.settle(&a, &b, now: t0)
+        #expect(b.state.records.records(in: Location.collection).count == 300)
+    }
+
     @Test("a failed commit closes the session with an error and stores nothing")
     func commitFailure() throws {
         var a = CoreNode("a")
@@ -934,4 +955,9 @@ struct CoreTimerTests {
         for ms in stride(from: 20_100, through: 25_200, by: 100) { a.handle(a.core.tick(now: t0 + .milliseconds(ms))) }
         #expect(a.core.session(link.aSession)?.phase == .closing)
     }
+}
+
+private extension Message {
+    var isChunk: Bool { if case .chunk = self { true } else { false } }
+    var isAuth: Bool { if case .auth = self { true } else { false } }
 }
