@@ -1,6 +1,8 @@
 import Crypto
 import Foundation
+import Logging
 @testable import PeerSync
+import PeerSyncStore
 import PeerSyncTestSupport
 import Testing
 
@@ -134,6 +136,30 @@ struct AttachmentStoreTests {
         #expect(replica.attachmentAvailability(for: remote) == .downloading(receivedBytes: 3, totalBytes: 6))
         #expect(try await replica.purgeAttachments(keepingNewerThan: .zero).isEmpty)
         #expect(replica.attachmentStore.partialSize(of: remote.contentHash) == 3)
+    }
+
+    @Test("bytes referenced and dropped again between two looks of the collector still go")
+    func referencedAndDroppedBetweenLooks() async throws {
+        let directory = try makeTemporaryDirectory("peersync-attach-between")
+        defer { removeTemporaryDirectory(directory) }
+        let store = try ReplicaStore.create(directory: directory, name: "between")
+        let collector = AttachmentCollector(store: store, logger: Logger(label: "test.between"))
+        defer { collector.stop() }
+        collector.gracePeriod = .zero
+        let note = try collector.files.add(randomData(2_000, seed: 7), mediaType: "audio/mp4", maxBytes: 1 << 20)
+        collector.added(note.contentHash)
+        // Referenced by one commit, dropped by the next, before the collector looks: it first
+        // sees the state after both (as when two commits are drained together).
+        let book = Book(id: UUID(), title: "Dune", voiceNotes: [note])
+        try store.write { try $0.save(book) }
+        var edited = book
+        edited.voiceNotes = []
+        try store.write { try $0.save(edited) }
+        collector.start()
+        #expect(collector.files.contains(note.contentHash))
+        try store.write { try $0.save(Book(id: UUID(), title: "Another")) }
+        #expect(await eventually { !collector.files.contains(note.contentHash) }, "bytes no live record references stayed after a commit")
+        #expect(collector.purgedAfterCommits == 1)
     }
 
     @Test("SIGKILL while adding: every file under a hash name holds exactly those bytes", arguments: 0..<4)

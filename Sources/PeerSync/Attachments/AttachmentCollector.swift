@@ -12,6 +12,12 @@ import Synchronization
 /// commit feed and looks only at the records each commit touched: an attachment whose last
 /// reference goes away is deleted at once if its file is older than the grace period (a file
 /// just added is usually about to be referenced by the record being saved).
+///
+/// Commits that come close together are looked at together, against the state after the last
+/// of them: a reference saved and dropped again in between never shows. So the attachments
+/// added through this replica are tracked until a live record references them
+/// (``added(_:)``); one still unreferenced after a commit is deleted as if its last reference
+/// went away (once older than the grace period; until then it is looked at after every commit).
 final class AttachmentCollector: Sendable {
     let files: AttachmentStore
     private let store: ReplicaStore
@@ -24,6 +30,8 @@ final class AttachmentCollector: Sendable {
         var task: Task<Void, Never>?
         var gracePeriod: Duration = .seconds(600)
         var purged = 0
+        /// Added through this replica (when), not referenced by a live record yet.
+        var unclaimed: [AttachmentHash: ContinuousClock.Instant] = [:]
     }
     private let state = Mutex(State())
 
@@ -40,6 +48,25 @@ final class AttachmentCollector: Sendable {
 
     /// How many attachments the collector deleted after commits (for tests and diagnostics).
     var purgedAfterCommits: Int { state.withLock { $0.purged } }
+
+    /// `hash` was just added through this replica: it goes after a commit once no live record
+    /// references it and its file is older than the grace period (see the type's comment).
+    func added(_ hash: AttachmentHash) {
+        state.withLock { s in
+            if s.counts[hash] == nil { s.unclaimed[hash] = .now }
+        }
+    }
+
+    /// Forgets the unclaimed hashes a live record now references; returns those added longer
+    /// than the grace period ago (their files' ages are checked again before deleting).
+    private func unclaimedDue(now: ContinuousClock.Instant) -> Set<AttachmentHash> {
+        state.withLock { s in
+            guard !s.unclaimed.isEmpty else { return [] }
+            s.unclaimed = s.unclaimed.filter { s.counts[$0.key] == nil }
+            let grace = s.gracePeriod
+            return Set(s.unclaimed.filter { now - $0.value >= grace }.keys)
+        }
+    }
 
     /// Indexes the current state and starts following commits.
     func start() {
@@ -63,7 +90,9 @@ final class AttachmentCollector: Sendable {
                 guard let self else { return }
                 let unreferenced = self.apply(pending, snapshot)
                 if pending.newestSequence > sequence { subscription.requeue(pending) }
-                if !unreferenced.isEmpty { self.delete(unreferenced) }
+                let due = self.unclaimedDue(now: .now)
+                let candidates = due.isEmpty ? unreferenced : Array(due.union(unreferenced)).sorted()
+                if !candidates.isEmpty { self.delete(candidates) }
             }
         }
         state.withLock { $0.task = task }
@@ -128,8 +157,11 @@ final class AttachmentCollector: Sendable {
     private func delete(_ hashes: [AttachmentHash]) {
         let grace = gracePeriod
         for hash in hashes where !isReferenced(hash) {
-            guard isOlder(files.modificationDate(of: hash) ?? files.partialModificationDate(of: hash), than: grace) else { continue }
-            if files.remove(hash) {
+            let modified = files.modificationDate(of: hash) ?? files.partialModificationDate(of: hash)
+            guard isOlder(modified, than: grace) else { continue }
+            let removed = files.remove(hash)
+            state.withLock { $0.unclaimed[hash] = nil }
+            if removed {
                 state.withLock { $0.purged += 1 }
                 logger.debug("deleted an attachment no live record references", metadata: ["attachment.hash": "\(hash.hex)"])
             }

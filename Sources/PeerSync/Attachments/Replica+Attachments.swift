@@ -48,18 +48,24 @@ extension Replica {
     /// Save the record that references it within ``attachmentPurgeGracePeriod`` (10 minutes by
     /// default): bytes no live record references are purged after that.
     public nonisolated func addAttachment(_ data: Data, mediaType: String = "application/octet-stream") async throws -> Attachment {
-        let files = attachmentStore
+        let collector = appSupport.attachments(self)
+        let files = collector.files
         let limit = attachmentMaxBytes
-        return try await onFileQueue { try files.add(data, mediaType: mediaType, maxBytes: limit) }
+        let attachment = try await onFileQueue { try files.add(data, mediaType: mediaType, maxBytes: limit) }
+        collector.added(attachment.contentHash)
+        return attachment
     }
 
     /// Copies the file at `url` beside the replica (streaming: never all in memory) and returns
     /// its ``Attachment``. The media type is guessed from the file extension unless given.
     public nonisolated func addAttachment(contentsOf url: URL, mediaType: String? = nil) async throws -> Attachment {
-        let files = attachmentStore
+        let collector = appSupport.attachments(self)
+        let files = collector.files
         let limit = attachmentMaxBytes
         let type = mediaType ?? Self.mediaType(forExtension: url.pathExtension)
-        return try await onFileQueue { try files.add(contentsOf: url, mediaType: type, maxBytes: limit) }
+        let attachment = try await onFileQueue { try files.add(contentsOf: url, mediaType: type, maxBytes: limit) }
+        collector.added(attachment.contentHash)
+        return attachment
     }
 
     /// The bytes of `attachment`, or nil if they have not arrived on this device yet.
