@@ -28,17 +28,10 @@ struct DurabilityTests {
         writer.start()
         #expect(atFlush.wait(timeout: .now() + 30) == .success, "the write never reached its flush")
         store.beforeFlush.withLock { $0 = nil }
-        // Read on another thread with a deadline, so a reader that blocks fails instead of hanging.
-        let read = DispatchSemaphore(value: 0)
-        let names = Mutex<[String]>([])
-        Thread {
-            names.withLock { $0 = ((try? store.state.fetchAll(Location.self)) ?? []).map(\.name) }
-            read.signal()
-        }.start()
-        let readInTime = read.wait(timeout: .now() + 30) == .success
+        let names = Self.locationNames(of: store)
         release.signal()
-        #expect(readInTime, "a reader waited for the writer's fsync")
-        #expect(names.withLock { $0 } == ["held at the flush"])
+        #expect(names != nil, "a reader waited for the writer's fsync")
+        #expect(names == ["held at the flush"])
         // The write completes, and the record is on disk for a fresh open.
         #expect(written.wait(timeout: .now() + 30) == .success)
         let reopened = try ReplicaStore.open(directory: directory)
@@ -66,14 +59,7 @@ struct DurabilityTests {
         }.start()
         #expect(inside.wait(timeout: .now() + 30) == .success, "the change never reached its transaction")
         store.insideTransaction.withLock { $0 = nil }
-        // Read on another thread with a deadline, so a reader that blocks fails instead of hanging.
-        let read = DispatchSemaphore(value: 0)
-        let names = Mutex<[String]>([])
-        Thread {
-            names.withLock { $0 = ((try? store.state.fetchAll(Location.self)) ?? []).map(\.name) }
-            read.signal()
-        }.start()
-        let readInTime = read.wait(timeout: .now() + 30) == .success
+        let names = Self.locationNames(of: store)
         // A local write meanwhile waits for the large change (else publishing the change's copy
         // would drop it).
         let wrote = DispatchSemaphore(value: 0)
@@ -83,8 +69,8 @@ struct DurabilityTests {
         }.start()
         let wroteWhileHeld = wrote.wait(timeout: .now() + 0.5) == .success
         release.signal()
-        #expect(readInTime, "a reader waited for a large change")
-        #expect(names.withLock { $0 } == ["before"], "a reader saw the change before it committed")
+        #expect(names != nil, "a reader waited for a large change")
+        #expect(names == ["before"], "a reader saw the change before it committed")
         #expect(!wroteWhileHeld, "a local write went ahead of a large change in progress")
         #expect(applied.wait(timeout: .now() + 30) == .success)
         #expect(wroteWhileHeld || wrote.wait(timeout: .now() + 30) == .success)
@@ -92,5 +78,17 @@ struct DurabilityTests {
         #expect(Set(try store.state.fetchAll(Location.self).map(\.name)) == expected)
         let reopened = try ReplicaStore.open(directory: directory)
         #expect(Set(try reopened.state.fetchAll(Location.self).map(\.name)) == expected)
+    }
+
+    /// The store's location names, read on another thread with a deadline (30 s) so a reader
+    /// that blocks fails the test instead of hanging it; nil if the read did not finish.
+    private static func locationNames(of store: ReplicaStore) -> [String]? {
+        let read = DispatchSemaphore(value: 0)
+        let names = Mutex<[String]>([])
+        Thread {
+            names.withLock { $0 = ((try? store.state.fetchAll(Location.self)) ?? []).map(\.name) }
+            read.signal()
+        }.start()
+        return read.wait(timeout: .now() + 30) == .success ? names.withLock { $0 } : nil
     }
 }
