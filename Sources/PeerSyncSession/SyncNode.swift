@@ -25,6 +25,8 @@ public actor SyncNode {
     private var acceptTask: Task<Void, Never>?
     private var connections: [ObjectIdentifier: any Channel] = [:]
     nonisolated let inbound: InboundLimiter
+    /// Accepted connections until the accept loop takes them (NIO traps on one dropped).
+    nonisolated let accepted = AcceptedChannels()
     let dialer: Dialer
     /// Dialed address → replica it turned out to be (to avoid dialing a peer connected the other way).
     private var addressReplica: [String: ReplicaID] = [:]
@@ -88,6 +90,7 @@ public actor SyncNode {
             let tls = self.tls
             let maxFrame = configuration.limits.maxFrameBytes
             let inbound = self.inbound
+            let accepted = self.accepted
             let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
                 .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
                 .serverChannelInitializer { channel in
@@ -97,7 +100,7 @@ public actor SyncNode {
                 .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
                 .bind(host: listen.host, port: Int(listen.port)) { channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try Self.configurePipeline(channel, tls: tls, dialed: false, maxFrame: maxFrame)
+                        try accepted.register { try Self.configurePipeline(channel, tls: tls, dialed: false, maxFrame: maxFrame) }
                     }
                 }
             self.server = server
@@ -151,6 +154,8 @@ public actor SyncNode {
         for channel in connections.values { try? await channel.close() }
         for task in tasks { await task.value }
         await acceptTask?.value
+        // Connections accepted as the listener closed, which its stream never delivered.
+        for leftover in accepted.close() { try? await leftover.executeThenClose { _, _ in } }
         await dialer.finish()
         tasks = []
         acceptTask = nil
@@ -164,6 +169,7 @@ public actor SyncNode {
             try await withThrowingDiscardingTaskGroup { group in
                 try await server.executeThenClose { inbound in
                     for try await (child, peer) in inbound {
+                        accepted.take(child)
                         let address = child.channel.remoteAddress.map { "\($0.ipAddress ?? "?"):\($0.port ?? 0)" } ?? "?"
                         group.addTask { _ = await self.run(child, tls: peer, address: address, initiator: false) }
                     }
