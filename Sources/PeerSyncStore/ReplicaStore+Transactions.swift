@@ -110,9 +110,10 @@ extension ReplicaStore {
     /// the caller's arguments bound.
     private typealias Change<T> = (inout ReplicaState, inout Int64, inout [StoreChange]) throws -> Committed<T>
 
+    /// What a committed change publishes (other processes' commits it joined are beside it,
+    /// in the caller's `absorbed`).
     private struct Committed<T> {
         var result: T
-        var absorbed: [StoreChange]
         var deltas: [RecordMap]
     }
 
@@ -134,16 +135,17 @@ extension ReplicaStore {
             try persist(db, state: state, deltas: deltas, rows: rows(result), localBefore: localBefore,
                         conflicts: Array(newConflicts), origin: origin, position: &position)
             if let hook = insideTransaction.withLock({ $0 }) { hook() }
-            return Committed(result: result, absorbed: absorbed, deltas: deltas)
+            return Committed(result: result, deltas: deltas)
         }
     }
 
     /// Publishes a committed change (with `inner` locked).
-    private func publish<T>(_ committed: Committed<T>, state: ReplicaState, position: Int64, into inner: inout Inner) -> T {
+    private func publish<T>(_ committed: Committed<T>, state: ReplicaState, position: Int64, absorbed: [StoreChange],
+                            into inner: inout Inner) -> T {
         inner.state = state
-        commits.publish(state: state, absorbed: committed.absorbed, deltas: committed.deltas)
+        commits.publish(state: state, absorbed: absorbed, deltas: committed.deltas)
         inner.position = position
-        inner.absorbed += committed.absorbed
+        inner.absorbed += absorbed
         return committed.result
     }
 
@@ -158,7 +160,7 @@ extension ReplicaStore {
             var absorbed: [StoreChange] = []
             do {
                 let committed = try change(&state, &position, &absorbed)
-                return publish(committed, state: state, position: position, into: &inner)
+                return publish(committed, state: state, position: position, absorbed: absorbed, into: &inner)
             } catch {
                 // The transaction rolled back; the taken state may hold part of the change.
                 // Reload what is on disk (failures are rare: disk full, read-only, a throwing body).
@@ -179,6 +181,6 @@ extension ReplicaStore {
         var (state, position) = inner.withLock { ($0.state, $0.position) }
         var absorbed: [StoreChange] = []
         let committed = try change(&state, &position, &absorbed)
-        return inner.withLock { publish(committed, state: state, position: position, into: &$0) }
+        return inner.withLock { publish(committed, state: state, position: position, absorbed: absorbed, into: &$0) }
     }
 }

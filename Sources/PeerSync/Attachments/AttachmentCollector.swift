@@ -157,12 +157,13 @@ final class AttachmentCollector: Sendable {
     private func delete(_ hashes: [AttachmentHash]) {
         let grace = gracePeriod
         for hash in hashes where !isReferenced(hash) {
-            let modified = files.modificationDate(of: hash) ?? files.partialModificationDate(of: hash)
-            guard isOlder(modified, than: grace) else { continue }
+            guard isOlder(files.modificationDate(of: hash) ?? files.partialModificationDate(of: hash), than: grace) else { continue }
             let removed = files.remove(hash)
-            state.withLock { $0.unclaimed[hash] = nil }
+            state.withLock { s in
+                s.unclaimed[hash] = nil
+                if removed { s.purged += 1 }
+            }
             if removed {
-                state.withLock { $0.purged += 1 }
                 logger.debug("deleted an attachment no live record references", metadata: ["attachment.hash": "\(hash.hex)"])
             }
         }

@@ -48,22 +48,24 @@ extension Replica {
     /// Save the record that references it within ``attachmentPurgeGracePeriod`` (10 minutes by
     /// default): bytes no live record references are purged after that.
     public nonisolated func addAttachment(_ data: Data, mediaType: String = "application/octet-stream") async throws -> Attachment {
-        let collector = appSupport.attachments(self)
-        let files = collector.files
         let limit = attachmentMaxBytes
-        let attachment = try await onFileQueue { try files.add(data, mediaType: mediaType, maxBytes: limit) }
-        collector.added(attachment.contentHash)
-        return attachment
+        return try await adding { try $0.add(data, mediaType: mediaType, maxBytes: limit) }
     }
 
     /// Copies the file at `url` beside the replica (streaming: never all in memory) and returns
     /// its ``Attachment``. The media type is guessed from the file extension unless given.
     public nonisolated func addAttachment(contentsOf url: URL, mediaType: String? = nil) async throws -> Attachment {
-        let collector = appSupport.attachments(self)
-        let files = collector.files
         let limit = attachmentMaxBytes
         let type = mediaType ?? Self.mediaType(forExtension: url.pathExtension)
-        let attachment = try await onFileQueue { try files.add(contentsOf: url, mediaType: type, maxBytes: limit) }
+        return try await adding { try $0.add(contentsOf: url, mediaType: type, maxBytes: limit) }
+    }
+
+    /// Runs `add` on the file queue and tells the collector the bytes are new (they go if no
+    /// record references them within the grace period).
+    private nonisolated func adding(_ add: @escaping @Sendable (AttachmentStore) throws -> Attachment) async throws -> Attachment {
+        let collector = appSupport.attachments(self)
+        let files = collector.files
+        let attachment = try await onFileQueue { try add(files) }
         collector.added(attachment.contentHash)
         return attachment
     }
