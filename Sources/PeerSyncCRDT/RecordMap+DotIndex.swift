@@ -127,6 +127,18 @@ struct DotIndex: Sendable {
         return index
     }
 
+    /// At least the number of calls ``forEachRecord(lacking:_:)`` makes for `peer` (every entry
+    /// in a bucket it visits), for reserving room for the records found.
+    func entryBound(lacking peer: CausalContext) -> Int {
+        var total = 0
+        for (replica, buckets) in replicas {
+            let first = peer.contiguousCounter(of: replica) >> Self.bucketShift
+            guard first <= buckets.highestBucket else { continue }
+            for (bucket, entries) in buckets.buckets where bucket >= first { total += entries.count }
+        }
+        return total
+    }
+
     /// Calls `body` with (collection slot, record ID) for every entry whose dot is not in `peer`
     /// (a record may come several times); ``collectionNames`` names the slots.
     ///
@@ -226,26 +238,40 @@ extension RecordState {
 /// an extraction).
 struct ContextLookup {
     let context: CausalContext
-    private var replica: ReplicaID?
-    private var contiguous: UInt64 = 0
-    private var cloud: Set<UInt64>?
-    private var cloudLooked = false
+    /// The entries of the writers met so far (a record's elements come from a few writers, and
+    /// so do the records of one extraction): a short scan, most often a hit on the last one.
+    private var known: [Known] = []
+    private var last = 0
+
+    private struct Known {
+        let replica: ReplicaID
+        let contiguous: UInt64
+        let cloud: Set<UInt64>?
+    }
+
+    /// Writers remembered; past this many (rare: one per writer of the records visited), the
+    /// context answers directly.
+    private static let capacity = 16
 
     init(_ context: CausalContext) { self.context = context }
 
     mutating func contains(_ dot: Dot) -> Bool {
-        if dot.replica != replica {
-            replica = dot.replica
-            contiguous = context.contiguousCounter(of: dot.replica)
-            cloud = nil
-            cloudLooked = false
+        let entry: Known
+        if last < known.count, known[last].replica == dot.replica {
+            entry = known[last]
+        } else if let i = known.firstIndex(where: { $0.replica == dot.replica }) {
+            last = i
+            entry = known[i]
+        } else {
+            entry = Known(replica: dot.replica, contiguous: context.contiguousCounter(of: dot.replica),
+                          cloud: context.dotCloud.isEmpty ? nil : context.dotCloud[dot.replica])
+            if known.count < Self.capacity {
+                last = known.count
+                known.append(entry)
+            }
         }
-        if dot.counter <= contiguous { return true }
-        if !cloudLooked {
-            cloud = context.dotCloud[dot.replica]
-            cloudLooked = true
-        }
-        return cloud?.contains(dot.counter) ?? false
+        if dot.counter <= entry.contiguous { return true }
+        return entry.cloud?.contains(dot.counter) ?? false
     }
 }
 
@@ -257,6 +283,9 @@ extension RecordMap {
         // Per collection slot: the records held and what was found (one lookup by ID each).
         let held = index.collectionNames.map { collections[$0] ?? [:] }
         var found = [[UUID: RecordState]](repeating: [:], count: held.count)
+        // One collection (the common case): room for every record the index can list, so the
+        // result never rehashes as it grows.
+        if found.count == 1 { found[0].reserveCapacity(index.entryBound(lacking: peer)) }
         var lookup = ContextLookup(peer)
         index.forEachRecord(lacking: peer) { slot, id in
             // A record listed twice (a removal's dot, a stale entry) is checked again and gives

@@ -34,12 +34,14 @@ public struct RecordKey: Hashable, Comparable, Sendable, CustomStringConvertible
 /// writes were concurrent. (No false alarms; a concurrent loser can go unreported when its
 /// winner itself replaced a third, newer concurrent value.)
 public struct FieldRegister: Hashable, Sendable {
-    public let value: FieldValue
+    // Declared stamp first: the synthesized `==` compares in this order, so two registers of
+    // different writes differ at the first word, before any value (a string on the heap) is read.
     public let timestamp: HLCTimestamp
     /// The event that wrote this value; `dot.replica` is the writer.
     public let dot: Dot
     /// Timestamp of the value this write replaced on its writer (``HLCTimestamp/zero`` if none).
     public let supersedes: HLCTimestamp
+    public let value: FieldValue
 
     public init(value: FieldValue, timestamp: HLCTimestamp, dot: Dot, supersedes: HLCTimestamp) {
         self.value = value
