@@ -69,80 +69,95 @@ extension ReplicaStore {
     /// crash only delays compaction). Returns whether anything grew.
     @discardableResult
     public func recordSeen(_ gossip: SeenContexts, now: UInt64) throws(StoreError) -> Bool {
-        do {
-            return try inner.withLock { inner -> Bool in
-                let own = inner.state.replicaID
-                var record = inner.compaction
-                var grown: [ReplicaID] = []
-                for (replica, context) in gossip.reports where replica != own {
-                    let before = record.reports[replica]
-                    if let before, before.includes(context) { continue }
-                    var joined = before ?? CausalContext()
-                    joined.merge(context)
-                    record.reports[replica] = joined
-                    record.reportedAt[replica] = now
-                    grown.append(replica)
-                }
-                let stable = gossip.stable.intersection(inner.state.context)
-                let stableGrew = !record.frontier.stable.includes(stable)
-                if stableGrew { record.frontier.merge(CompactionFrontier(stable: stable)) }
-                guard !grown.isEmpty || stableGrew else { return false }
-                try run { db in
-                    let upsert = try db.cachedStatement(sql: """
-                        INSERT INTO seen (replicaID, context, reportedAt) VALUES (?, ?, ?)
-                        ON CONFLICT (replicaID) DO UPDATE SET context = excluded.context, reportedAt = excluded.reportedAt
-                        """)
-                    for replica in grown {
-                        // Another process may have recorded more: join with what is stored.
-                        var context = record.reports[replica]!
-                        if let stored = try Data.fetchOne(db, sql: "SELECT context FROM seen WHERE replicaID = ?",
-                                                          arguments: [Data(replica.bigEndianBytes)]) {
-                            context.merge(try CausalContext(blob: Array(stored)))
-                        }
-                        record.reports[replica] = context
-                        try upsert.execute(arguments: [Data(replica.bigEndianBytes), Data(context.encodedBlob()),
-                                                       Int64(clamping: now)])
-                    }
-                    if stableGrew { try Self.saveFrontier(db, &record.frontier) }
-                }
-                inner.compaction = record
-                return true
+        try changingCompaction { current, own, context in
+            var record = current
+            var grown: [ReplicaID] = []
+            for (replica, report) in gossip.reports where replica != own {
+                let before = record.reports[replica]
+                if let before, before.includes(report) { continue }
+                var joined = before ?? CausalContext()
+                joined.merge(report)
+                record.reports[replica] = joined
+                record.reportedAt[replica] = now
+                grown.append(replica)
             }
-        } catch {
-            throw StoreError.wrap(error, path: path)
+            let stable = gossip.stable.intersection(context)
+            let stableGrew = !record.frontier.stable.includes(stable)
+            if stableGrew { record.frontier.merge(CompactionFrontier(stable: stable)) }
+            guard !grown.isEmpty || stableGrew else { return nil }
+            try run { db in
+                let upsert = try db.cachedStatement(sql: """
+                    INSERT INTO seen (replicaID, context, reportedAt) VALUES (?, ?, ?)
+                    ON CONFLICT (replicaID) DO UPDATE SET context = excluded.context, reportedAt = excluded.reportedAt
+                    """)
+                for replica in grown {
+                    // Another process may have recorded more: join with what is stored.
+                    var context = record.reports[replica]!
+                    if let stored = try Data.fetchOne(db, sql: "SELECT context FROM seen WHERE replicaID = ?",
+                                                      arguments: [Data(replica.bigEndianBytes)]) {
+                        context.merge(try CausalContext(blob: Array(stored)))
+                    }
+                    record.reports[replica] = context
+                    try upsert.execute(arguments: [Data(replica.bigEndianBytes), Data(context.encodedBlob()),
+                                                   Int64(clamping: now)])
+                }
+                if stableGrew { try Self.saveFrontier(db, &record.frontier) }
+            }
+            return record
         }
     }
 
     /// Drops the reports of replicas for which `keep` is false (removed devices, older
     /// incarnations), so the table stays bounded by the roster.
     public func retainSeen(_ keep: (ReplicaID) -> Bool) throws(StoreError) {
-        do {
-            try inner.withLock { inner in
-                let gone = inner.compaction.reports.keys.filter { !keep($0) }
-                guard !gone.isEmpty else { return }
-                try run { db in
-                    for replica in gone {
-                        try db.execute(sql: "DELETE FROM seen WHERE replicaID = ?", arguments: [Data(replica.bigEndianBytes)])
-                    }
-                }
+        try changingCompaction { current, _, _ in
+            let gone = current.reports.keys.filter { !keep($0) }
+            guard !gone.isEmpty else { return nil }
+            try run { db in
                 for replica in gone {
-                    inner.compaction.reports[replica] = nil
-                    inner.compaction.reportedAt[replica] = nil
+                    try db.execute(sql: "DELETE FROM seen WHERE replicaID = ?", arguments: [Data(replica.bigEndianBytes)])
                 }
             }
-        } catch {
-            throw StoreError.wrap(error, path: path)
+            var record = current
+            for replica in gone {
+                record.reports[replica] = nil
+                record.reportedAt[replica] = nil
+            }
+            return record
         }
     }
 
     /// Stores an advanced frontier (its stable context joins the stored one; the candidate
     /// replaces it).
     public func saveFrontier(_ frontier: CompactionFrontier) throws(StoreError) {
+        try changingCompaction { current, _, _ in
+            var merged = frontier
+            try run { db in try Self.saveFrontier(db, &merged) }
+            var record = current
+            record.frontier = merged
+            return record
+        }
+    }
+
+    /// Changes the compaction record with `body`, which gets the record, this replica's ID and
+    /// its context, writes SQLite itself and returns the new record (nil: nothing changed).
+    /// Returns whether it changed.
+    ///
+    /// `writer` is held throughout, as by every change of the state or the record, so nothing
+    /// changes either meanwhile; the state lock only to read and to publish. Readers (a sync
+    /// node's snapshots) never wait for the SQLite write — nor for a WAL checkpoint that its
+    /// commit runs: gossip arrives during a heal's large commits, and it held the state lock
+    /// through such a checkpoint.
+    @discardableResult
+    private func changingCompaction(
+        _ body: (CompactionRecord, ReplicaID, CausalContext) throws -> CompactionRecord?
+    ) throws(StoreError) -> Bool {
         do {
-            try inner.withLock { inner in
-                var merged = frontier
-                try run { db in try Self.saveFrontier(db, &merged) }
-                inner.compaction.frontier = merged
+            return try writer.withLock { _ in
+                let (record, own, context) = inner.withLock { ($0.compaction, $0.state.replicaID, $0.state.context) }
+                guard let changed = try body(record, own, context) else { return false }
+                inner.withLock { $0.compaction = changed }
+                return true
             }
         } catch {
             throw StoreError.wrap(error, path: path)

@@ -55,10 +55,12 @@ extension ReplicaStore {
             // pages end up full.
             let sorted = deltas.count > 1 || records > 64
             for collection in sorted ? ids.keys.sorted(by: RecordKey.precedesInTableOrder) : Array(ids.keys) {
+                // The collection's records once, then one lookup by ID per row.
+                let held = state.records.records(in: collection)
                 var previous: UUID?
                 for id in sorted ? UUID.sortedInBlobOrder(ids[collection]!) : ids[collection]! where id != previous {
                     previous = id
-                    guard let record = state.records.record(RecordKey(collection: collection, id: id)) else { continue }
+                    guard let record = held[id] else { continue }
                     try rows.upsert(collection: collection, id: id, visible: record.isVisible, state: record.encodedBlob())
                 }
             }
