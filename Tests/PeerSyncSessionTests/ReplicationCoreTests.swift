@@ -316,6 +316,51 @@ struct ReplicationCoreTests {
         #expect(b.state.records.records(in: Location.collection).count == 600)
     }
 
+    @Test("a round waits for the first round of a peer whose hello showed writes this side lacks, before any of it arrives")
+    func roundWaitsForAnOwedFirstRound() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        var c = CoreNode("c")
+        try a.writeLocations(300, named: "a")
+        try c.writeLocations(300, named: "c")
+        // c's hello reaches b (one batch each way); nothing of c's round has.
+        var cb = CoreLink.connect(&c, &b, now: t0)
+        try cb.step(&c, &b, budget: 16_384, now: t0)
+        let owing = try #require(b.core.sessions[cb.bSession])
+        #expect(owing.phase != .awaitingHello && owing.phase != .closing)
+        #expect(owing.batch.isEmpty && owing.firstRoundPending)
+        // a's whole round arrives meanwhile: it waits for c's (at most the hold).
+        var ab = CoreLink.connect(&a, &b, now: t0)
+        try ab.settle(&a, &b, now: t0)
+        #expect(b.state.records.records(in: Location.collection).isEmpty, "a's round was committed alone")
+        #expect(b.commitDeadlines == [t0 + SyncTiming.sendingAtOnce.roundCommitHold])
+        let before = b.committedBatches.count
+        try cb.settle(&c, &b, now: t0 + .milliseconds(10))
+        #expect(b.core.sessions[cb.bSession]?.firstRoundPending == false)
+        let first = try #require(b.committedBatches[before...].first)
+        let writers = Set(first.flatMap { delta in delta.allRecords.compactMap { $0.1.fields.values.first?.dot.replica } })
+        #expect(writers.isSuperset(of: [a.replicaID, c.replicaID]))
+        #expect(b.state.records.records(in: Location.collection).count == 600)
+    }
+
+    @Test("a peer whose hello shows nothing new to this side owes no round: a round from another peer commits at once")
+    func noRoundOwedByAPeerWithNothingNew() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        var c = CoreNode("c")
+        try a.writeLocations(300, named: "a")
+        var cb = CoreLink.connect(&c, &b, now: t0)
+        try cb.settle(&c, &b, now: t0)  // c's roster claim reaches b: after it, c holds nothing b lacks
+        cb.end(&c, &b)
+        cb = CoreLink.connect(&c, &b, now: t0)
+        try cb.step(&c, &b, budget: 16_384, now: t0)
+        #expect(b.core.sessions[cb.bSession]?.firstRoundPending == false)
+        var ab = CoreLink.connect(&a, &b, now: t0)
+        try ab.settle(&a, &b, now: t0)
+        #expect(b.commitDeadlines.isEmpty)
+        #expect(b.state.records.records(in: Location.collection).count == 300)
+    }
+
     @Test("a held round is committed at the hold's end when the other round stalls; a live delta is never held")
     func heldRoundCommitsAtTheDeadline() throws {
         var (a, b, _, ab, _) = try roundsFromTwoPeers()

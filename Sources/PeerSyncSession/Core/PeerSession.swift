@@ -75,6 +75,9 @@ struct PeerSession {
     /// Received catch-up chunks waiting to be committed together.
     var batch: [RecordMap] = []
     var batchBytes = 0
+    /// The peer's hello showed events this replica lacks and its first round (what it sends on
+    /// admission) has not ended yet: rounds queued meanwhile may wait for it (group commit).
+    var firstRoundPending = false
     /// Records of other peers' catch-up rounds are owed to this peer at this instant (as a
     /// round of what it lacks), unless by then its neighbours cover ``relayWriters``.
     var relayDue: MonotonicInstant?

@@ -53,15 +53,19 @@ extension ReplicationCore {
 
     /// Whether what is queued waits (the actions that start the wait, or none while it lasts),
     /// or nil to commit it now. Only whole catch-up rounds wait, only while another established
-    /// session is in the middle of one, only while both fit in one batch
-    /// (``SyncLimits/catchUpBatchBytes``), and at most ``SyncTiming/roundCommitHold``: a peer
-    /// that stops halfway through its round delays the others' commit by that much, no more.
+    /// session is in the middle of one, or a session past its peer's hello owes its first round
+    /// (the hello showed events this replica lacks: when a partition heals, every peer's first
+    /// round comes at once, while the last sessions are still being admitted), only while what
+    /// has arrived fits in one batch (``SyncLimits/catchUpBatchBytes``), and at most
+    /// ``SyncTiming/roundCommitHold``: a peer that stops halfway through its round, or never
+    /// sends it, delays the others' commit by that much, no more.
     private mutating func holdForRounds(now: MonotonicInstant) -> [Action]? {
         let limit = settings.timing.roundCommitHold
         guard limit > .zero, soloCommits == 0, queued.allSatisfy(\.fromRound) else { return nil }
         var bytes = 0
         var arriving = false
-        for session in sessions.values where session.phase == .established && !session.batch.isEmpty {
+        for session in sessions.values where session.phase == .established && !session.batch.isEmpty
+            || session.firstRoundPending && [.authenticating, .joining, .established].contains(session.phase) {
             arriving = true
             bytes += session.batchBytes
         }

@@ -238,6 +238,8 @@ struct ReplicationCore {
         case .send:
             return []
         case .established(let hello):
+            // The peer holds events this replica lacks: once admitted, it sends them in a round.
+            sessions[id]!.firstRoundPending = !state.context.includes(hello.context)
             return authenticate(id, hello: hello, now: now)
         case .auth(let signature):
             return admit(id, signature: signature, now: now, state: state)
@@ -256,6 +258,7 @@ struct ReplicationCore {
             sessions[id]!.batch.append(delta)
             sessions[id]!.batchBytes += delta.approximateWireBytes
             let last = index + 1 == count
+            if last { sessions[id]!.firstRoundPending = false }
             var actions: [Action] = []
             if last || sessions[id]!.batchBytes >= settings.limits.catchUpBatchBytes {
                 let (batch, bytes) = (sessions[id]!.batch, sessions[id]!.batchBytes)
