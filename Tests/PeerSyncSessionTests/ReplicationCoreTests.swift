@@ -306,23 +306,36 @@ struct ReplicationCoreTests {
     @Test("a round that arrived whole waits for one still arriving on another session; both go in one commit")
     func roundsShareACommit() throws {
         var (a, b, c, _, cb) = try roundsFromTwoPeers()
+        try expectRoundsShareACommit(a: a, b: &b, c: &c, cb: &cb)
+    }
+
+    /// b holds a's whole round (nothing committed, a commit asked for at the hold's end); once
+    /// c's round is in, both go in b's next commit.
+    private func expectRoundsShareACommit(a: CoreNode, b: inout CoreNode, c: inout CoreNode, cb: inout CoreLink,
+                                          sourceLocation: SourceLocation = #_sourceLocation) throws {
+        #expect(b.state.records.records(in: Location.collection).isEmpty, "a's round was committed alone",
+                sourceLocation: sourceLocation)
+        #expect(b.commitDeadlines == [t0 + SyncTiming.sendingAtOnce.roundCommitHold], sourceLocation: sourceLocation)
         let before = b.committedBatches.count
-        #expect(b.state.records.records(in: Location.collection).count == 0, "a's round was committed alone")
-        #expect(b.commitDeadlines == [t0 + SyncTiming.sendingAtOnce.roundCommitHold])
         try cb.settle(&c, &b, now: t0 + .milliseconds(10))
-        let first = try #require(b.committedBatches[before...].first)
+        let first = try #require(b.committedBatches[before...].first, sourceLocation: sourceLocation)
         let writers = Set(first.flatMap { delta in delta.allRecords.compactMap { $0.1.fields.values.first?.dot.replica } })
-        #expect(writers.isSuperset(of: [a.replicaID, c.replicaID]))
-        #expect(b.state.records.records(in: Location.collection).count == 600)
+        #expect(writers.isSuperset(of: [a.replicaID, c.replicaID]), sourceLocation: sourceLocation)
+        #expect(b.state.records.records(in: Location.collection).count == 600, sourceLocation: sourceLocation)
+    }
+
+    /// Nodes a, b and c, unconnected; a (and c if `cWrites`) holds 300 locations b lacks.
+    private func threeNodes(cWrites: Bool) throws -> (CoreNode, CoreNode, CoreNode) {
+        var a = CoreNode("a")
+        var c = CoreNode("c")
+        try a.writeLocations(300, named: "a")
+        if cWrites { try c.writeLocations(300, named: "c") }
+        return (a, CoreNode("b"), c)
     }
 
     @Test("a round waits for the first round of a peer whose hello showed writes this side lacks, before any of it arrives")
     func roundWaitsForAnOwedFirstRound() throws {
-        var a = CoreNode("a")
-        var b = CoreNode("b")
-        var c = CoreNode("c")
-        try a.writeLocations(300, named: "a")
-        try c.writeLocations(300, named: "c")
+        var (a, b, c) = try threeNodes(cWrites: true)
         // c's hello reaches b (one batch each way); nothing of c's round has.
         var cb = CoreLink.connect(&c, &b, now: t0)
         try cb.step(&c, &b, budget: 16_384, now: t0)
@@ -332,23 +345,13 @@ struct ReplicationCoreTests {
         // a's whole round arrives meanwhile: it waits for c's (at most the hold).
         var ab = CoreLink.connect(&a, &b, now: t0)
         try ab.settle(&a, &b, now: t0)
-        #expect(b.state.records.records(in: Location.collection).isEmpty, "a's round was committed alone")
-        #expect(b.commitDeadlines == [t0 + SyncTiming.sendingAtOnce.roundCommitHold])
-        let before = b.committedBatches.count
-        try cb.settle(&c, &b, now: t0 + .milliseconds(10))
+        try expectRoundsShareACommit(a: a, b: &b, c: &c, cb: &cb)
         #expect(b.core.sessions[cb.bSession]?.firstRoundPending == false)
-        let first = try #require(b.committedBatches[before...].first)
-        let writers = Set(first.flatMap { delta in delta.allRecords.compactMap { $0.1.fields.values.first?.dot.replica } })
-        #expect(writers.isSuperset(of: [a.replicaID, c.replicaID]))
-        #expect(b.state.records.records(in: Location.collection).count == 600)
     }
 
     @Test("a peer whose hello shows nothing new to this side owes no round: a round from another peer commits at once")
     func noRoundOwedByAPeerWithNothingNew() throws {
-        var a = CoreNode("a")
-        var b = CoreNode("b")
-        var c = CoreNode("c")
-        try a.writeLocations(300, named: "a")
+        var (a, b, c) = try threeNodes(cWrites: false)
         var cb = CoreLink.connect(&c, &b, now: t0)
         try cb.settle(&c, &b, now: t0)  // c's roster claim reaches b: after it, c holds nothing b lacks
         cb.end(&c, &b)
