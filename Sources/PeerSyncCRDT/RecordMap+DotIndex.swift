@@ -131,11 +131,7 @@ struct DotIndex: Sendable {
     /// in a bucket it visits), for reserving room for the records found.
     func entryBound(lacking peer: CausalContext) -> Int {
         var total = 0
-        for (replica, buckets) in replicas {
-            let first = peer.contiguousCounter(of: replica) >> Self.bucketShift
-            guard first <= buckets.highestBucket else { continue }
-            for (bucket, entries) in buckets.buckets where bucket >= first { total += entries.count }
-        }
+        forEachBucket(lacking: peer) { _, entries, _, _ in total += entries.count }
         return total
     }
 
@@ -145,27 +141,37 @@ struct DotIndex: Sendable {
     /// - Complexity: O(buckets at or above the peer's contiguous counter, per replica), bounded
     ///   by the buckets held.
     func forEachRecord(lacking peer: CausalContext, _ body: (Int, UUID) -> Void) {
+        var cloudOf: ReplicaID?
+        var cloud: Set<UInt64>?
+        forEachBucket(lacking: peer) { bucket, entries, replica, contiguous in
+            if replica != cloudOf {
+                cloudOf = replica
+                cloud = peer.dotCloud[replica]
+            }
+            let base = bucket << Self.bucketShift
+            for entry in entries {
+                let counter = base | UInt64(entry.low)
+                if counter <= contiguous { continue }
+                if let cloud, cloud.contains(counter) { continue }
+                body(Int(entry.collection), entry.id)
+            }
+        }
+    }
+
+    /// Calls `body` with every bucket (number, entries, replica, the peer's contiguous counter
+    /// of that replica) at or above that counter: the buckets that can hold dots the peer lacks.
+    private func forEachBucket(lacking peer: CausalContext, _ body: (UInt64, [Entry], ReplicaID, UInt64) -> Void) {
         for (replica, buckets) in replicas {
             let contiguous = peer.contiguousCounter(of: replica)
-            let cloud = peer.dotCloud[replica]
             let first = contiguous >> Self.bucketShift
             guard first <= buckets.highestBucket else { continue }
-            func visit(_ bucket: UInt64, _ entries: [Entry]) {
-                let base = bucket << Self.bucketShift
-                for entry in entries {
-                    let counter = base | UInt64(entry.low)
-                    if counter <= contiguous { continue }
-                    if let cloud, cloud.contains(counter) { continue }
-                    body(Int(entry.collection), entry.id)
-                }
-            }
             if buckets.highestBucket - first < UInt64(buckets.buckets.count) {
                 for bucket in first...buckets.highestBucket {
-                    if let entries = buckets.buckets[bucket] { visit(bucket, entries) }
+                    if let entries = buckets.buckets[bucket] { body(bucket, entries, replica, contiguous) }
                 }
             } else {
                 // Sparse counters (far apart): visiting the buckets held is cheaper than the range.
-                for (bucket, entries) in buckets.buckets where bucket >= first { visit(bucket, entries) }
+                for (bucket, entries) in buckets.buckets where bucket >= first { body(bucket, entries, replica, contiguous) }
             }
         }
     }
