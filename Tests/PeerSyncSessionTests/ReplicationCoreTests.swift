@@ -349,6 +349,22 @@ struct ReplicationCoreTests {
         #expect(b.core.sessions[cb.bSession]?.firstRoundPending == false)
     }
 
+    @Test("a first round still owed at the hold's end is not waited for again")
+    func owedRoundWaitedForOnce() throws {
+        var (a, b, c) = try threeNodes(cWrites: true)
+        var cb = CoreLink.connect(&c, &b, now: t0)
+        try cb.step(&c, &b, budget: 16_384, now: t0)
+        var ab = CoreLink.connect(&a, &b, now: t0)
+        try ab.settle(&a, &b, now: t0)
+        #expect(b.pendingCommits.isEmpty && b.core.sessions[cb.bSession]?.firstRoundPending == true)
+        // c never sends: at the hold's end a's round commits, and c's owed round no longer holds.
+        b.handle(b.core.commitDue(now: t0 + SyncTiming.sendingAtOnce.roundCommitHold, state: b.state))
+        #expect(b.pendingCommits.count == 1)
+        #expect(b.core.sessions[cb.bSession]?.firstRoundPending == false)
+        b.runCommits(now: t0 + .milliseconds(60))
+        #expect(b.state.records.records(in: Location.collection).count == 300)
+    }
+
     @Test("a peer whose hello shows nothing new to this side owes no round: a round from another peer commits at once")
     func noRoundOwedByAPeerWithNothingNew() throws {
         var (a, b, c) = try threeNodes(cWrites: false)

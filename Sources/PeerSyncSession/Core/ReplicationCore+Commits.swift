@@ -57,8 +57,9 @@ extension ReplicationCore {
     /// (the hello showed events this replica lacks: when a partition heals, every peer's first
     /// round comes at once, while the last sessions are still being admitted), only while what
     /// has arrived fits in one batch (``SyncLimits/catchUpBatchBytes``), and at most
-    /// ``SyncTiming/roundCommitHold``: a peer that stops halfway through its round, or never
-    /// sends it, delays the others' commit by that much, no more.
+    /// ``SyncTiming/roundCommitHold``: a peer that stops halfway through its round delays the
+    /// others' commit by that much, no more, and one that never sends its first round is not
+    /// waited for after that one hold.
     private mutating func holdForRounds(now: MonotonicInstant) -> [Action]? {
         let limit = settings.timing.roundCommitHold
         guard limit > .zero, soloCommits == 0, queued.allSatisfy(\.fromRound) else { return nil }
@@ -76,7 +77,11 @@ extension ReplicationCore {
             commitHeldSince = now
             return [.commitAt(now + limit)]
         }
-        return now - since < limit ? [] : nil
+        if now - since < limit { return [] }
+        // A first round still owed at the hold's end is not waited for again: a peer that
+        // never sends it costs the others' rounds one hold, not one per commit.
+        for id in sessions.keys where sessions[id]!.firstRoundPending { sessions[id]!.firstRoundPending = false }
+        return nil
     }
 
     /// The in-flight commit is durable; `outcomes` has one entry per delta, in order; `state` is
