@@ -181,13 +181,12 @@ extension ReplicaStore {
         var (state, position) = inner.withLock { ($0.state, $0.position) }
         var absorbed: [StoreChange] = []
         let committed = try change(&state, &position, &absorbed)
-        // The state before the change goes out of the lock and is freed after it (unless a
-        // reader still holds it): freeing the records the change replaced takes milliseconds.
-        let (result, before) = inner.withLock { inner in
+        // The state before the change leaves the lock and is freed outside it (unless a reader
+        // still holds it): freeing the records the change replaced takes milliseconds.
+        let (result, _) = inner.withLock { inner in
             let before = inner.state
             return (publish(committed, state: state, position: position, absorbed: absorbed, into: &inner), before)
         }
-        withExtendedLifetime(before) {}
         return result
     }
 }

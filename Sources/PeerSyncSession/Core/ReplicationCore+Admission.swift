@@ -220,8 +220,6 @@ extension ReplicationCore {
         session.phase = .established
         session.peerMaxFrame = Int(min(hello.maxFrameBytes, UInt64(Int32.max)))
         session.delivered.merge(hello.context)
-        // Still lacking events of the peer's (its hello showed them): its first round is on its way.
-        session.firstRoundPending = !state.context.includes(hello.context)
         let extract = settings.transfer == .fullState ? state.records : state.delta(missingFrom: hello.context)
         session.out.push(catchUp: extract)
         sessions[id] = session
