@@ -11,7 +11,7 @@ import Synchronization
 /// throws, NIO closes the connection, and no `NIOAsyncChannel` exists), and the node closes
 /// the ones that were registered but never taken.
 final class AcceptedChannels: Sendable {
-    typealias Connection = NIOAsyncChannel<InboundFrame, ByteBuffer>
+    typealias Connection = NIOAsyncChannel<[InboundFrame], ByteBuffer>
 
     struct Closed: Error, CustomStringConvertible {
         var description: String { "the node is stopping" }

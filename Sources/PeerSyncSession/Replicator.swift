@@ -100,6 +100,17 @@ public actor Replicator {
         perform(core.receive(id, type: type, body: body, now: .now, wallClock: configuration.wallClock(), state: storage.snapshot()))
     }
 
+    /// Frames from the peer of session `id` that arrived together, in order: each is carried
+    /// out as it comes, and a commit starts after the last (what they queued shares it).
+    func receive(_ id: SessionID, frames: [(type: UInt8, body: [UInt8])]) {
+        guard !frames.isEmpty else { return }
+        for frame in frames {
+            perform(core.receive(id, type: frame.type, body: frame.body, now: .now, wallClock: configuration.wallClock(),
+                                 state: storage.snapshot(), startingCommit: false))
+        }
+        perform(core.startCommitIfIdle(state: storage.snapshot(), now: .now))
+    }
+
     /// The session's inbound bytes broke framing (over the limit, bad length).
     func frameError(_ id: SessionID, _ error: WireError) {
         perform(core.frameError(id, error, now: .now))

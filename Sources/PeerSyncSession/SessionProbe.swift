@@ -45,7 +45,7 @@ public enum SessionProbe {
             defer { killer.cancel() }
             return try await channel.executeThenClose { inbound, outbound in
                 try await outbound.write(ByteBuffer(bytes: Message.hello(hello).encodedFrame()))
-                for try await frame in inbound {
+                for try await frame in inbound.frames {
                     switch try Message.decode(type: frame.type, body: frame.body) {
                     case .hello(let peer):
                         return Result(hello: peer, failure: nil,

@@ -13,13 +13,14 @@ extension SyncNode {
     }
 
     /// A connection's pipeline: byte counter, TLS (with the peer's device ID once authenticated),
-    /// frame decoder.
+    /// frame decoder, frames of one read passed on together.
     static func configurePipeline(_ channel: any Channel, tls: DeviceTLS?, dialed: Bool, maxFrame: Int, legacy: Bool = false) throws
-        -> (NIOAsyncChannel<InboundFrame, ByteBuffer>, TLSPeer?)
+        -> (NIOAsyncChannel<[InboundFrame], ByteBuffer>, TLSPeer?)
     {
         try channel.pipeline.syncOperations.addHandler(ByteCounter(), name: "bytes")
         let peer = legacy ? try tls?.configureLegacyClient(channel) : try tls?.configure(channel, dialed: dialed)
         try channel.pipeline.syncOperations.addHandler(ByteToMessageHandler(FrameDecoder(maxFrameBytes: maxFrame)))
+        try channel.pipeline.syncOperations.addHandler(FrameBatcher())
         return (try NIOAsyncChannel(wrappingChannelSynchronously: channel), peer)
     }
 

@@ -18,7 +18,7 @@ public actor SyncNode {
     public nonisolated var configuration: SyncConfiguration { replicator.configuration }
     nonisolated let logger: Logger
     private nonisolated let tls: DeviceTLS?
-    private var server: NIOAsyncChannel<(NIOAsyncChannel<InboundFrame, ByteBuffer>, TLSPeer?), Never>?
+    private var server: NIOAsyncChannel<(NIOAsyncChannel<[InboundFrame], ByteBuffer>, TLSPeer?), Never>?
     private var tasks: [Task<Void, Never>] = []
     /// The accept loop: never cancelled, it ends when the listener closes, after it has consumed
     /// every connection already accepted (NIO traps on an accepted channel left unconsumed).
@@ -164,7 +164,7 @@ public actor SyncNode {
 
     // MARK: - Connections
 
-    private func acceptLoop(_ server: NIOAsyncChannel<(NIOAsyncChannel<InboundFrame, ByteBuffer>, TLSPeer?), Never>) async {
+    private func acceptLoop(_ server: NIOAsyncChannel<(NIOAsyncChannel<[InboundFrame], ByteBuffer>, TLSPeer?), Never>) async {
         do {
             try await withThrowingDiscardingTaskGroup { group in
                 try await server.executeThenClose { inbound in
@@ -220,7 +220,7 @@ public actor SyncNode {
 
     /// One connection's life: a reader feeding frames to the replicator and a writer pulling
     /// what it decides to send. Returns why it ended; `established` is called when its session is.
-    private func run(_ channel: NIOAsyncChannel<InboundFrame, ByteBuffer>, tls: TLSPeer?, address: String, initiator: Bool,
+    private func run(_ channel: NIOAsyncChannel<[InboundFrame], ByteBuffer>, tls: TLSPeer?, address: String, initiator: Bool,
                      established: (@Sendable () -> Void)? = nil) async -> Dialer.Result {
         let raw = channel.channel
         guard !stopped else {
@@ -272,8 +272,8 @@ public actor SyncNode {
                 }
                 var frameError = false
                 do {
-                    for try await frame in inbound {
-                        await replicator.receive(id, type: frame.type, body: frame.body)
+                    for try await frames in inbound {
+                        await replicator.receive(id, frames: frames.map { (type: $0.type, body: $0.body) })
                     }
                 } catch let error as WireError {
                     await replicator.frameError(id, error)

@@ -64,7 +64,7 @@ public final class SyncSession: Sendable {
                 return error
             }
         }
-        for (type, body) in frames { await replicator.receive(id, type: type, body: body) }
+        await replicator.receive(id, frames: frames.map { (type: $0.0, body: $0.1) })
         if let failure { await replicator.frameError(id, failure) }
     }
 

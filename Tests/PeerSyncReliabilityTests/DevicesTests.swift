@@ -304,7 +304,7 @@ struct DevicesTests {
                               deviceKey: identity.key.publicKey.x963, nonce: nonce)
             try await outbound.write(ByteBuffer(bytes: Message.hello(hello).encodedFrame()))
             var authenticated = false
-            for try await frame in inbound {
+            for try await frame in inbound.frames {
                 switch try Message.decode(type: frame.type, body: frame.body) {
                 case .hello(let theirs):
                     let signature = SessionAuth.sign(key: identity.key, ownNonce: nonce, peerNonce: theirs.nonce ?? [], own: me,

@@ -39,7 +39,7 @@ struct HostilePeerTests {
                                   context: CausalContext(), digest: .empty, groupID: member.groupID.bytes,
                                   deviceKey: member.key.publicKey.x963, nonce: nonce)
                 try await outbound.write(ByteBuffer(bytes: Message.hello(hello).encodedFrame()))
-                for try await frame in inbound {
+                for try await frame in inbound.frames {
                     guard case .hello(let theirs) = try Message.decode(type: frame.type, body: frame.body) else { continue }
                     let signature = SessionAuth.sign(key: member.key, ownNonce: nonce, peerNonce: theirs.nonce ?? [], own: me,
                                                      group: member.groupID)

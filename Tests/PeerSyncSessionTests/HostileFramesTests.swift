@@ -32,7 +32,7 @@ struct HostileFramesTests {
                                   context: CausalContext(), digest: .empty, groupID: identity.groupID.bytes,
                                   deviceKey: identity.key.publicKey.x963, nonce: nonce)
                 try await outbound.write(ByteBuffer(bytes: Message.hello(hello).encodedFrame()))
-                for try await frame in inbound {
+                for try await frame in inbound.frames {
                     guard case .hello(let theirs) = try Message.decode(type: frame.type, body: frame.body) else { continue }
                     let signature = SessionAuth.sign(key: identity.key, ownNonce: nonce, peerNonce: theirs.nonce ?? [], own: me,
                                                      group: identity.groupID)

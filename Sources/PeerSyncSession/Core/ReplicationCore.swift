@@ -200,7 +200,20 @@ struct ReplicationCore {
     // MARK: - Inbound frames
 
     /// One frame from a session's peer, received when the wall clock read `wallClock`.
+    /// `startingCommit` false: leave what it queued for a later
+    /// ``startCommitIfIdle(state:now:)`` — frames that arrived together (one read off the
+    /// connection) are received so, and a commit starts after the last of them: live deltas
+    /// that shared a TLS record share a commit instead of the first committing alone while the
+    /// others wait for the next one.
     mutating func receive(
+        _ id: SessionID, type: UInt8, body: [UInt8], now: MonotonicInstant, wallClock: UInt64, state: ReplicaState,
+        startingCommit: Bool = true
+    ) -> [Action] {
+        let actions = handle(id, type: type, body: body, now: now, wallClock: wallClock, state: state)
+        return startingCommit ? actions + startCommitIfIdle(state: state, now: now) : actions
+    }
+
+    private mutating func handle(
         _ id: SessionID, type: UInt8, body: [UInt8], now: MonotonicInstant, wallClock: UInt64, state: ReplicaState
     ) -> [Action] {
         // In place, never through a local copy of the session: a copy alive while a chunk is
@@ -224,7 +237,7 @@ struct ReplicationCore {
         }
         actions += queuedLogs.map { .log($0) }
         queuedLogs = []
-        return actions + startCommitIfIdle(state: state, now: now)
+        return actions
     }
 
     mutating func carryOut(
