@@ -94,6 +94,9 @@ struct PeerUnderTest: Sendable {
         if let ms = ProcessInfo.processInfo.environment["PEERSYNC_DELTA_COALESCING_MS"].flatMap(Double.init) {
             configuration.timing.deltaCoalescing = .microseconds(Int64(ms * 1_000))
         }
+        if let count = ProcessInfo.processInfo.environment["PEERSYNC_DELTA_COALESCING_COUNT"].flatMap(Int.init) {
+            configuration.timing.deltaCoalescingCount = count
+        }
         let node = try SyncNode(storage: StoreSyncStorage(store), replicaID: store.replicaID, name: name, identity: identity,
                                 configuration: configuration, logger: logger)
         let port = try await node.start()

@@ -108,6 +108,71 @@ struct ReplicationCoreTests {
         #expect(b.state.digest == a.state.digest)
     }
 
+    @Test("a dense stream does not wait for the whole window: the delta that makes deltaCoalescingCount waiting sends them all")
+    func denseStreamGoesAtTheCount() throws {
+        var timing = SyncTiming()
+        timing.deltaCoalescing = .milliseconds(2)
+        timing.deltaCoalescingCount = 3
+        var a = CoreNode("a", timing: timing)
+        var b = CoreNode("b")
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        let records = shiftTypes(7, descriptionBytes: 10)
+        func deltaFrames() -> Int { link.framesToB.filter { $0.type == Message.Kind.delta.rawValue }.count }
+        let start = t0 + .seconds(1)
+        func write(_ i: Int, atMicroseconds offset: Int64) throws {
+            let now = start + .microseconds(offset)
+            a.lastNow = now
+            try a.write { try $0.save(records[i]) }
+            try link.settle(&a, &b, now: now)
+        }
+        try write(0, atMicroseconds: 0)  // lone: at once
+        #expect(deltaFrames() == 1)
+        try write(1, atMicroseconds: 200)
+        try write(2, atMicroseconds: 400)
+        #expect(deltaFrames() == 1, "two waiting, under the count: held for the window")
+        try write(3, atMicroseconds: 600)
+        #expect(deltaFrames() == 4, "the third waiting delta sends all three, 1.4 ms before the window ends")
+        #expect(try b.state.fetchAll(ShiftType.self).count == 4)
+        // The window starts again from that send: the next two wait, then the window's end (not
+        // the count) sends them.
+        try write(4, atMicroseconds: 800)
+        try write(5, atMicroseconds: 1_000)
+        #expect(deltaFrames() == 4)
+        #expect(a.wakes.last == start + .microseconds(2_600))
+        let (batch, _) = a.core.nextBatch(link.aSession, budget: 1 << 20, now: start + .microseconds(2_600), state: a.state)
+        #expect(batch?.frames == 2)
+    }
+
+    @Test("live deltas that arrive in one read share one commit; received with a commit start after each, the first commits alone")
+    func deltasOfOneReadShareACommit() throws {
+        for together in [true, false] {
+            var a = CoreNode("a")
+            var b = CoreNode("b")
+            var link = CoreLink.connect(&a, &b, now: t0)
+            try link.settle(&a, &b, now: t0)
+            #expect(b.pendingCommits.isEmpty)
+            // Three writes queued before a's writer pulls: one batch of three delta frames.
+            let now = t0 + .seconds(1)
+            a.lastNow = now
+            for record in shiftTypes(3, descriptionBytes: 10) { try a.write { try $0.save(record) } }
+            let (batch, _) = a.core.nextBatch(link.aSession, budget: 1 << 20, now: now, state: a.state)
+            var splitter = FrameSplitter(maxFrameBytes: WireLimits.defaultMaxFrameBytes)
+            splitter.append(batch?.bytes ?? [])
+            var frames: [(type: UInt8, body: [UInt8])] = []
+            while let frame = try splitter.next() { frames.append((frame.type, frame.body)) }
+            #expect(frames.count == 3 && frames.allSatisfy { $0.type == Message.Kind.delta.rawValue })
+            for frame in frames {
+                b.handle(b.core.receive(link.bSession, type: frame.type, body: frame.body, now: now,
+                                        wallClock: HybridLogicalClock.wallClock(), state: b.state, startingCommit: !together))
+            }
+            if together { b.handle(b.core.startCommitIfIdle(state: b.state, now: now)) }
+            #expect(b.pendingCommits.map(\.deltas.count) == (together ? [3] : [1]), "together: \(together)")
+            b.runCommits(now: now)
+            #expect(try b.state.fetchAll(ShiftType.self).count == 3)
+        }
+    }
+
     @Test("a round whose context is a large cloud (a batch of writes not starting at counter 1) sends every field")
     func largeCloudContextRound() throws {
         var a = CoreNode("a")

@@ -170,7 +170,7 @@ extension PeerSession {
     /// `deflateChunks`: deflate catch-up chunks if the peer's hello says it reads them.
     mutating func nextBatch(
         budget: Int, state: ReplicaState, neighbors: [ReplicaID], chunkTarget: Int, deflateChunks: Bool, now: MonotonicInstant,
-        coalescing: Duration = .zero, gossip: () -> SeenContexts? = { nil }, onSkipped: (RecordKey, String) -> Void
+        coalescing: Duration = .zero, coalescingCount: Int = .max, gossip: () -> SeenContexts? = { nil }, onSkipped: (RecordKey, String) -> Void
     ) -> OutboundBatch? {
         var bytes: [UInt8] = []
         var frames = 0
@@ -261,9 +261,11 @@ extension PeerSession {
             // the peer refuses writes by replica IDs it does not know to be claimed.
             func sendDeltas() {
                 guard !out.pendingDeltas.isEmpty, out.catchUp?.holdsDeltasBack != true else { return }
-                // A delta close behind the previous one waits for more to share its frame,
-                // unless other frames go now anyway (it rides with them) or the session closes.
+                // A delta close behind the previous one waits for more to share its TLS record,
+                // unless other frames go now anyway (it rides with them), enough deltas wait
+                // already, or the session closes.
                 if phase == .established, frames == 0, out.catchUp == nil, out.nextCatchUp == nil,
+                   out.pendingDeltas.count < min(coalescingCount, OutboundQueue.separateDeltaLimit),
                    let last = lastDeltaSentAt, now < last + coalescing {
                     deltasHeldUntil = last + coalescing
                     return

@@ -106,7 +106,8 @@ extension ReplicationCore {
         let heldBefore = session.deltasHeldUntil
         let batch = session.nextBatch(
             budget: budget, state: state, neighbors: neighbors, chunkTarget: settings.limits.chunkTargetBytes,
-            deflateChunks: settings.deflateChunks, now: now, coalescing: settings.timing.deltaCoalescing, gossip: gossip
+            deflateChunks: settings.deflateChunks, now: now, coalescing: settings.timing.deltaCoalescing,
+            coalescingCount: settings.timing.deltaCoalescingCount, gossip: gossip
         ) { key, field in
             actions.append(.log(CoreLog(.warning, "a field is too large for the peer's frames and is not sent to it",
                                         ["record": "\(key)", "field": field, "peer.address": address])))
