@@ -60,6 +60,9 @@ public struct HelloFeatures: OptionSet, Sendable, Hashable {
     public static let seenGossip = HelloFeatures(rawValue: 1 << 1)
     /// Reads catch-up chunks whose delta is deflated (chunk field 5, docs/PROTOCOL.md §5.2).
     public static let deflatedChunks = HelloFeatures(rawValue: 1 << 2)
+    /// Reads event-form deltas whose counter is relative to the writer's previous event (form
+    /// 02, docs/PROTOCOL.md §7.3).
+    public static let eventCounters = HelloFeatures(rawValue: 1 << 3)
 }
 
 /// The first message each side sends.

@@ -4,7 +4,7 @@ import PeerSyncCRDT
 /// Replica IDs, collection and field names go through the session's ``WireDictionary``.
 ///
 /// ```
-/// delta       = 00 general | 01 event
+/// delta       = 00 general | 01 event | 02 event-next
 ///
 /// general     = context varint(#collections) (name-ref varint(#records) record…)…
 /// context     = varint(#replicas) (replica-ref varint(contiguous) varint(#cloud) varint(gap)…)…
@@ -27,6 +27,10 @@ import PeerSyncCRDT
 ///               varint(#fields) (name-ref value timestamp supersedes)…
 ///   — one local write: its context is exactly the dot (replica, counter), every field was
 ///     written by that dot, and the record's presence entry for the replica is (counter, live).
+/// event-next  = replica-ref varint(counter − last − 1) then as event after its counter, where
+///               `last` is the counter of the replica's previous event (01 or 02) in this
+///               direction, 0 if none; sent only to a peer that announced
+///               ``HelloFeatures/eventCounters``. Both event forms set `last` to their counter.
 ///
 /// timestamp   = zigzag-varint(physical ms − previous physical ms in this direction) varint(logical)
 /// supersedes  = 00 (none) | varint(1 + physical ms difference to the field's timestamp) varint(logical)
@@ -38,9 +42,12 @@ public enum WireDelta {
     public static func encode(_ delta: RecordMap, with dictionary: WireDictionary) -> [UInt8] {
         var out: [UInt8] = []
         if let event = singleEvent(delta) {
-            out.append(1)
+            let last = dictionary.lastEventCounter(of: event.dot.replica)
+            let next = dictionary.relativeEventCounters && event.dot.counter > last
+            out.append(next ? 2 : 1)
             dictionary.writeReplica(event.dot.replica, to: &out)
-            Varint.append(event.dot.counter, to: &out)
+            Varint.append(next ? event.dot.counter - last - 1 : event.dot.counter, to: &out)
+            dictionary.setLastEventCounter(event.dot.counter, of: event.dot.replica)
             dictionary.writeName(event.key.collection, to: &out)
             appendUUID(event.key.id, to: &out)
             Varint.append(UInt64(event.state.fields.count), to: &out)
@@ -170,9 +177,19 @@ public enum WireDelta {
         var collections: [String: [UUID: RecordState]] = [:]
         let context: CausalContext
         switch form {
-        case 1:
+        case 1, 2:
             let replica = try dictionary.readReplica(from: &r)
-            let counter = try readCounter(&r)
+            let counter: UInt64
+            if form == 1 {
+                counter = try readCounter(&r)
+            } else {
+                let last = dictionary.lastEventCounter(of: replica)
+                guard let distance = r.readVarint(), distance < ValidationLimits.maxCounter - last else {
+                    throw .malformed(message: "delta", detail: "event counter past \(ValidationLimits.maxCounter)")
+                }
+                counter = last + 1 + distance
+            }
+            dictionary.setLastEventCounter(counter, of: replica)
             let dot = Dot(replica: replica, counter: counter)
             let key = RecordKey(collection: try dictionary.readName(from: &r), id: try readUUID(&r))
             var state = RecordState(presence: [replica: PresenceEntry(counter: counter, removedBy: nil)])

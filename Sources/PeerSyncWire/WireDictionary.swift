@@ -25,6 +25,12 @@ public final class WireDictionary {
     /// Physical milliseconds of the last timestamp written or read; timestamps are sent as a
     /// signed difference from it. Both sides start at the sender's hello wall clock.
     var lastPhysical: UInt64
+    /// The counter of each replica's last event-form delta in this direction (none: 0); form 2
+    /// sends an event's counter as the distance from it.
+    private var lastEventCounters: [ReplicaID: UInt64] = [:]
+    /// Encoding: the peer reads event counters relative to the last (its hello announced
+    /// ``HelloFeatures/eventCounters``). Decoding takes both forms whatever this says.
+    public var relativeEventCounters = false
 
     public init(startingAt wallClockMilliseconds: UInt64) {
         lastPhysical = wallClockMilliseconds
@@ -86,6 +92,10 @@ public final class WireDictionary {
         names.append(name)
         return name
     }
+
+    func lastEventCounter(of replica: ReplicaID) -> UInt64 { lastEventCounters[replica] ?? 0 }
+
+    func setLastEventCounter(_ counter: UInt64, of replica: ReplicaID) { lastEventCounters[replica] = counter }
 
     /// Whether `id` is already defined in this direction (a reference then costs ≤ 3 bytes).
     public func knows(_ id: ReplicaID) -> Bool { replicaIndex[id] != nil }

@@ -142,6 +142,9 @@ struct ReplicationCoreTests {
         #expect(a.wakes.last == start + .microseconds(2_600))
         let (batch, _) = a.core.nextBatch(link.aSession, budget: 1 << 20, now: start + .microseconds(2_600), state: a.state)
         #expect(batch?.frames == 2)
+        // Both hellos announce event counters: every one of a's events went in form 02.
+        let forms = link.framesToB.filter { $0.type == Message.Kind.delta.rawValue }.map { $0.body.first }
+        #expect(!forms.isEmpty && forms.allSatisfy { $0 == 2 }, "\(forms)")
     }
 
     @Test("live deltas that arrive in one read share one commit; received with a commit start after each, the first commits alone")

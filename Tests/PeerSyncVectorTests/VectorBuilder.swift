@@ -256,11 +256,38 @@ struct VectorBuilder {
         ]
     }
 
+    /// The sequence and two more events, for a peer that reads event counters relative to the
+    /// writer's previous event (form 02).
+    static func eventCounterSequence() -> [(String, RecordMap)] {
+        var sequence = deltaSequence()
+        let loc = RecordKey(collection: "locations", id: Fixed.r1)
+        func event(_ writer: ReplicaID, _ counter: UInt64, _ field: String, _ value: FieldValue, _ time: HLCTimestamp) -> RecordMap {
+            let dot = Dot(replica: writer, counter: counter)
+            let state = RecordState(fields: [field: FieldRegister(value: value, timestamp: time, dot: dot, supersedes: Fixed.ts(5))],
+                                    presence: [writer: PresenceEntry(counter: counter, removedBy: nil)])
+            return RecordMap(records: [(loc, state)], context: CausalContext(dots: [dot]), maintainingDigest: false)
+        }
+        sequence[1].0 = "form 02: A's event 2 after its general-form write 1: no event of A yet in this direction, so the distance is from 0 (2 − 0 − 1 = 1)"
+        sequence[3].0 = "form 02 after a general-form delta: A's event 4 is 1 past its previous event (2); a general-form delta does not move `last`"
+        sequence.append(("form 02: A's event 5, right after event 4: distance 0", event(Fixed.a, 5, "name", "Depot East", Fixed.ts(31))))
+        sequence.append(("form 02 by another replica: B's first event in this direction, counter 7, defines B: distance 6",
+                         event(Fixed.b, 7, "name", "Depot West", Fixed.ts(32))))
+        return sequence
+    }
+
+    static func form(_ bytes: [UInt8]) -> String { ["general", "event", "event-next"][Int(bytes[0])] }
+
     func deltas() -> JSON {
         let dictionary = WireDictionary(startingAt: Fixed.t0)
         let sequence = Self.deltaSequence().map { name, map -> JSON in
             let bytes = WireDelta.encode(map, with: dictionary)
-            return ["name": name, "form": bytes[0] == 1 ? "event" : "general", "delta": stateJSON(map), "hex": hex(bytes)]
+            return ["name": name, "form": Self.form(bytes), "delta": stateJSON(map), "hex": hex(bytes)]
+        }
+        let relative = WireDictionary(startingAt: Fixed.t0)
+        relative.relativeEventCounters = true
+        let eventCounters = Self.eventCounterSequence().map { name, map -> JSON in
+            let bytes = WireDelta.encode(map, with: relative)
+            return ["name": name, "form": Self.form(bytes), "delta": stateJSON(map), "hex": hex(bytes)]
         }
         // Decode-only: a record without a base whose field has its own timestamp and dot: the
         // timestamp is relative to the previous record's base, here none, so to t0 << 16.
@@ -276,6 +303,8 @@ struct VectorBuilder {
             "description": "Deltas of one direction of a session, encoded in order with one dictionary (replicas, names, running timestamp) that starts empty with last_physical = dictionaryStart (the sender's hello wallClock).",
             "dictionaryStart": num(Fixed.t0),
             "sequence": sequence,
+            "sequenceEventCounters": eventCounters,
+            "sequenceEventCountersDescription": "The same deltas and two more, encoded for a peer whose hello announced feature bit 3 (eventCounters): event-form deltas go in form 02, their counter as the distance from the writer's previous event in this direction. Decoded with one fresh dictionary starting at dictionaryStart.",
             "decodeOnly": [
                 ["name": "general form, a record without a base holding a field with its own timestamp (relative to t0 << 16: no earlier base in this delta) and its own dot",
                  "dictionaryStart": num(Fixed.t0), "hex": hex(noBase), "delta": stateJSON(decodedNoBase)],
@@ -293,7 +322,9 @@ struct VectorBuilder {
         func record(_ body: [UInt8]) -> String { hex([0, 0, 1, 0, 1, 0x63, 1] + uuid + body) }
         let base: [UInt8] = [1, 0] + [0] + a + [2]  // flags 1, time diff 0, define A, counter +1
         return [
-            ["name": "unknown form 2", "hex": "02"],
+            ["name": "unknown form 3", "hex": "03"],
+            ["name": "form 02: counter past 2^53 (no earlier event of A: 1 + distance 2^53)",
+             "hex": hex([2, 0] + a + varint(ValidationLimits.maxCounter))],
             ["name": "empty delta", "hex": ""],
             ["name": "record flags 4", "hex": record([4, 0, 0])],
             ["name": "implied presence (flag 2) without a base", "hex": record([2, 0])],

@@ -274,6 +274,7 @@ extension PeerSession {
                 out.pendingDeltas = []
                 out.deltaBytes = 0
                 deltasHeldUntil = nil
+                outbound.relativeEventCounters = peer?.features.contains(.eventCounters) == true
                 for delta in pending {
                     if fitsOneFrame(delta) {
                         add(Message.delta(WireDelta.encode(delta, with: outbound)).encodedFrame())

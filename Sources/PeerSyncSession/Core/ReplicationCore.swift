@@ -100,6 +100,7 @@ struct ReplicationCore {
         if settings.attachments { features.insert(.attachments) }
         if settings.seenGossip { features.insert(.seenGossip) }
         if settings.deflateChunks { features.insert(.deflatedChunks) }
+        features.insert(.eventCounters)
         return features
     }
 
