@@ -61,51 +61,67 @@ struct ReplicationCoreTests {
         }
     }
 
+    /// Two settled nodes; a (with `timing`) saves shift types at offsets from `start`, each
+    /// followed by a settle of the link.
+    struct Stream {
+        var a: CoreNode
+        var b = CoreNode("b")
+        var link: CoreLink
+        let records: [ShiftType]
+        let start: MonotonicInstant
+
+        init(_ timing: SyncTiming, records: [ShiftType], at t0: MonotonicInstant) throws {
+            self.records = records
+            start = t0 + .seconds(1)
+            a = CoreNode("a", timing: timing)
+            link = CoreLink.connect(&a, &b, now: t0)
+            try link.settle(&a, &b, now: t0)
+        }
+
+        var deltaFrames: Int { link.framesToB.filter { $0.type == Message.Kind.delta.rawValue }.count }
+
+        mutating func write(_ i: Int, atMicroseconds offset: Int64) throws {
+            let now = start + .microseconds(offset)
+            let record = records[i]
+            var (a, b, link) = (self.a, self.b, self.link)  // settle takes both nodes inout
+            a.lastNow = now
+            try a.write { try $0.save(record) }
+            try link.settle(&a, &b, now: now)
+            (self.a, self.b, self.link) = (a, b, link)
+        }
+    }
+
     @Test("a stream of deltas shares frames: one close behind the last waits for the coalescing window; a lone one goes at once")
     func streamCoalesces() throws {
         var timing = SyncTiming()
         timing.deltaCoalescing = .milliseconds(2)
-        var a = CoreNode("a", timing: timing)
-        var b = CoreNode("b")
-        var link = CoreLink.connect(&a, &b, now: t0)
-        try link.settle(&a, &b, now: t0)
-        let records = shiftTypes(4, descriptionBytes: 10)
-        func deltaFrames() -> Int { link.framesToB.filter { $0.type == Message.Kind.delta.rawValue }.count }
+        var s = try Stream(timing, records: shiftTypes(6, descriptionBytes: 10), at: t0)
         // A lone edit after a quiet time: sent at once.
-        let start = t0 + .seconds(1)
-        a.lastNow = start
-        try a.write { try $0.save(records[0]) }
-        try link.settle(&a, &b, now: start)
-        #expect(deltaFrames() == 1)
+        try s.write(0, atMicroseconds: 0)
+        #expect(s.deltaFrames == 1)
         // Two more 0.5 ms and 1 ms later: held, with one wake asked for at start + 2 ms.
-        for (i, offset) in [(1, 0.5), (2, 1.0)] {
-            let now = start + .microseconds(Int64(offset * 1_000))
-            a.lastNow = now
-            try a.write { try $0.save(records[i]) }
-            try link.settle(&a, &b, now: now)
-        }
-        #expect(deltaFrames() == 1)
-        #expect(a.wakes == [start + .milliseconds(2)])
-        #expect(try b.state.fetchAll(ShiftType.self).count == 1)
+        try s.write(1, atMicroseconds: 500)
+        try s.write(2, atMicroseconds: 1_000)
+        #expect(s.deltaFrames == 1)
+        #expect(s.a.wakes == [s.start + .milliseconds(2)])
+        #expect(try s.b.state.fetchAll(ShiftType.self).count == 1)
         // At the wake both go, each in its own frame (the event form), in one batch.
-        let (batch, _) = a.core.nextBatch(link.aSession, budget: 1 << 20, now: start + .milliseconds(2), state: a.state)
+        let due = s.start + .milliseconds(2)
+        let (batch, _) = s.a.core.nextBatch(s.link.aSession, budget: 1 << 20, now: due, state: s.a.state)
         #expect(batch?.frames == 2)
         var splitter = FrameSplitter(maxFrameBytes: WireLimits.defaultMaxFrameBytes)
         splitter.append(batch?.bytes ?? [])
         while let frame = try splitter.next() {
             #expect(frame.type == Message.Kind.delta.rawValue)
-            b.handle(b.core.receive(link.bSession, type: frame.type, body: frame.body, now: start + .milliseconds(2),
-                                    wallClock: HybridLogicalClock.wallClock(), state: b.state))
+            s.b.handle(s.b.core.receive(s.link.bSession, type: frame.type, body: frame.body, now: due,
+                                        wallClock: HybridLogicalClock.wallClock(), state: s.b.state))
         }
-        try link.settle(&a, &b, now: start + .milliseconds(2))
-        #expect(try b.state.fetchAll(ShiftType.self).count == 3)
+        try s.link.settle(&s.a, &s.b, now: due)
+        #expect(try s.b.state.fetchAll(ShiftType.self).count == 3)
         // Quiet again: the next lone edit is not held.
-        let later = start + .milliseconds(50)
-        a.lastNow = later
-        try a.write { try $0.save(records[3]) }
-        try link.settle(&a, &b, now: later)
-        #expect(deltaFrames() == 2 && a.wakes.count == 1)
-        #expect(b.state.digest == a.state.digest)
+        try s.write(3, atMicroseconds: 50_000)
+        #expect(s.deltaFrames == 2 && s.a.wakes.count == 1)
+        #expect(s.b.state.digest == s.a.state.digest)
     }
 
     @Test("a dense stream does not wait for the whole window: the delta that makes deltaCoalescingCount waiting sends them all")
@@ -113,37 +129,25 @@ struct ReplicationCoreTests {
         var timing = SyncTiming()
         timing.deltaCoalescing = .milliseconds(2)
         timing.deltaCoalescingCount = 3
-        var a = CoreNode("a", timing: timing)
-        var b = CoreNode("b")
-        var link = CoreLink.connect(&a, &b, now: t0)
-        try link.settle(&a, &b, now: t0)
-        let records = shiftTypes(7, descriptionBytes: 10)
-        func deltaFrames() -> Int { link.framesToB.filter { $0.type == Message.Kind.delta.rawValue }.count }
-        let start = t0 + .seconds(1)
-        func write(_ i: Int, atMicroseconds offset: Int64) throws {
-            let now = start + .microseconds(offset)
-            a.lastNow = now
-            try a.write { try $0.save(records[i]) }
-            try link.settle(&a, &b, now: now)
-        }
-        try write(0, atMicroseconds: 0)  // lone: at once
-        #expect(deltaFrames() == 1)
-        try write(1, atMicroseconds: 200)
-        try write(2, atMicroseconds: 400)
-        #expect(deltaFrames() == 1, "two waiting, under the count: held for the window")
-        try write(3, atMicroseconds: 600)
-        #expect(deltaFrames() == 4, "the third waiting delta sends all three, 1.4 ms before the window ends")
-        #expect(try b.state.fetchAll(ShiftType.self).count == 4)
+        var s = try Stream(timing, records: shiftTypes(6, descriptionBytes: 10), at: t0)
+        try s.write(0, atMicroseconds: 0)  // lone: at once
+        #expect(s.deltaFrames == 1)
+        try s.write(1, atMicroseconds: 200)
+        try s.write(2, atMicroseconds: 400)
+        #expect(s.deltaFrames == 1, "two waiting, under the count: held for the window")
+        try s.write(3, atMicroseconds: 600)
+        #expect(s.deltaFrames == 4, "the third waiting delta sends all three, 1.4 ms before the window ends")
+        #expect(try s.b.state.fetchAll(ShiftType.self).count == 4)
         // The window starts again from that send: the next two wait, then the window's end (not
         // the count) sends them.
-        try write(4, atMicroseconds: 800)
-        try write(5, atMicroseconds: 1_000)
-        #expect(deltaFrames() == 4)
-        #expect(a.wakes.last == start + .microseconds(2_600))
-        let (batch, _) = a.core.nextBatch(link.aSession, budget: 1 << 20, now: start + .microseconds(2_600), state: a.state)
+        try s.write(4, atMicroseconds: 800)
+        try s.write(5, atMicroseconds: 1_000)
+        #expect(s.deltaFrames == 4)
+        #expect(s.a.wakes.last == s.start + .microseconds(2_600))
+        let (batch, _) = s.a.core.nextBatch(s.link.aSession, budget: 1 << 20, now: s.start + .microseconds(2_600), state: s.a.state)
         #expect(batch?.frames == 2)
         // Both hellos announce event counters: every one of a's events went in form 02.
-        let forms = link.framesToB.filter { $0.type == Message.Kind.delta.rawValue }.map { $0.body.first }
+        let forms = s.link.framesToB.filter { $0.type == Message.Kind.delta.rawValue }.map { $0.body.first }
         #expect(!forms.isEmpty && forms.allSatisfy { $0 == 2 }, "\(forms)")
     }
 

@@ -278,17 +278,16 @@ struct VectorBuilder {
     static func form(_ bytes: [UInt8]) -> String { ["general", "event", "event-next"][Int(bytes[0])] }
 
     func deltas() -> JSON {
-        let dictionary = WireDictionary(startingAt: Fixed.t0)
-        let sequence = Self.deltaSequence().map { name, map -> JSON in
-            let bytes = WireDelta.encode(map, with: dictionary)
-            return ["name": name, "form": Self.form(bytes), "delta": stateJSON(map), "hex": hex(bytes)]
+        func encoded(_ deltas: [(String, RecordMap)], relativeEventCounters: Bool) -> [JSON] {
+            let dictionary = WireDictionary(startingAt: Fixed.t0)
+            dictionary.relativeEventCounters = relativeEventCounters
+            return deltas.map { name, map -> JSON in
+                let bytes = WireDelta.encode(map, with: dictionary)
+                return ["name": name, "form": Self.form(bytes), "delta": stateJSON(map), "hex": hex(bytes)]
+            }
         }
-        let relative = WireDictionary(startingAt: Fixed.t0)
-        relative.relativeEventCounters = true
-        let eventCounters = Self.eventCounterSequence().map { name, map -> JSON in
-            let bytes = WireDelta.encode(map, with: relative)
-            return ["name": name, "form": Self.form(bytes), "delta": stateJSON(map), "hex": hex(bytes)]
-        }
+        let sequence = encoded(Self.deltaSequence(), relativeEventCounters: false)
+        let eventCounters = encoded(Self.eventCounterSequence(), relativeEventCounters: true)
         // Decode-only: a record without a base whose field has its own timestamp and dot: the
         // timestamp is relative to the previous record's base, here none, so to t0 << 16.
         var noBase: [UInt8] = [0, 0, 1, 0, 5] + Array("notes".utf8) + [1]

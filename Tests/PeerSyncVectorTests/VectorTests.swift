@@ -167,25 +167,19 @@ struct VectorTests {
     func deltas() throws {
         let file = try VectorFiles.load("deltas.json")
         let start = u64(file["dictionaryStart"])
-        let writer = WireDictionary(startingAt: start)
-        let reader = WireDictionary(startingAt: start)
-        for v in file["sequence"] as! [JSON] {
-            let delta = parseState(v["delta"])
-            let bytes = WireDelta.encode(delta, with: writer)
-            #expect(hex(bytes) == v["hex"] as! String, "\(v["name"]!)")
-            #expect(VectorBuilder.form(bytes) == v["form"] as! String)
-            #expect(try WireDelta.decode(unhex(v["hex"]), with: reader) == delta, "\(v["name"]!)")
-        }
-        // For a peer that reads event counters relative to the writer's previous event.
-        let relativeWriter = WireDictionary(startingAt: start)
-        relativeWriter.relativeEventCounters = true
-        let relativeReader = WireDictionary(startingAt: start)
-        for v in file["sequenceEventCounters"] as! [JSON] {
-            let delta = parseState(v["delta"])
-            let bytes = WireDelta.encode(delta, with: relativeWriter)
-            #expect(hex(bytes) == v["hex"] as! String, "\(v["name"]!)")
-            #expect(VectorBuilder.form(bytes) == v["form"] as! String)
-            #expect(try WireDelta.decode(unhex(v["hex"]), with: relativeReader) == delta, "\(v["name"]!)")
+        // In order, each sequence with one writer and one reader dictionary; the second is for a
+        // peer that reads event counters relative to the writer's previous event.
+        for (key, relative) in [("sequence", false), ("sequenceEventCounters", true)] {
+            let writer = WireDictionary(startingAt: start)
+            writer.relativeEventCounters = relative
+            let reader = WireDictionary(startingAt: start)
+            for v in file[key] as! [JSON] {
+                let delta = parseState(v["delta"])
+                let bytes = WireDelta.encode(delta, with: writer)
+                #expect(hex(bytes) == v["hex"] as! String, "\(v["name"]!)")
+                #expect(VectorBuilder.form(bytes) == v["form"] as! String)
+                #expect(try WireDelta.decode(unhex(v["hex"]), with: reader) == delta, "\(v["name"]!)")
+            }
         }
         for v in file["decodeOnly"] as! [JSON] {
             let decoded = try WireDelta.decode(unhex(v["hex"]), with: WireDictionary(startingAt: u64(v["dictionaryStart"])))

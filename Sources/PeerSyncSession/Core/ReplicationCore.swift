@@ -201,11 +201,8 @@ struct ReplicationCore {
     // MARK: - Inbound frames
 
     /// One frame from a session's peer, received when the wall clock read `wallClock`.
-    /// `startingCommit` false: leave what it queued for a later
-    /// ``startCommitIfIdle(state:now:)`` — frames that arrived together (one read off the
-    /// connection) are received so, and a commit starts after the last of them: live deltas
-    /// that shared a TLS record share a commit instead of the first committing alone while the
-    /// others wait for the next one.
+    /// `startingCommit` false: what it queued waits for ``startCommitIfIdle(state:now:)`` after
+    /// the last frame of the same read, so deltas that shared a TLS record share a commit.
     mutating func receive(
         _ id: SessionID, type: UInt8, body: [UInt8], now: MonotonicInstant, wallClock: UInt64, state: ReplicaState,
         startingCommit: Bool = true
