@@ -391,6 +391,22 @@ enum ConvergenceBenchmarks {
                     _ = await waitUntil(.seconds(5)) { trackers.allSatisfy { $0.pendingKeys.isEmpty } }
                     let after = await totalTraffic(peers)
                     let afterByMessage = await frameBytesByMessage(peers)
+                    // What a quiet mesh costs: after a settling second (the last digest and gossip
+                    // rounds), the traffic of a window with no edits, per peer and second.
+                    var idle: [String: Double] = [:]
+                    if converged, transfer == .deltas {
+                        try? await Task.sleep(for: quick ? .milliseconds(300) : .seconds(1))
+                        let (from, fromByMessage) = (await totalTraffic(peers), await frameBytesByMessage(peers))
+                        let window: Duration = quick ? .milliseconds(500) : .seconds(3)
+                        try? await Task.sleep(for: window)
+                        let (to, toByMessage) = (await totalTraffic(peers), await frameBytesByMessage(peers))
+                        let perPeerSecond = 1 / (window.millisecondsDouble / 1_000) / Double(n)
+                        idle["idle_bytes_per_s_per_peer"] = Double(to.bytes - from.bytes) * perPeerSecond
+                        idle["idle_messages_per_s_per_peer"] = Double(to.messages - from.messages) * perPeerSecond
+                        for (name, bytes) in toByMessage where bytes > fromByMessage[name] ?? 0 {
+                            idle["idle_frame_bytes_per_s_per_peer_\(name)"] = Double(bytes - (fromByMessage[name] ?? 0)) * perPeerSecond
+                        }
+                    }
                     for w in watchers { w.cancel() }
                     for p in peers { await p.stop() }
                     guard converged else { throw BenchmarkFailure("mesh (\(transfer.label), \(n) peers) did not converge") }
@@ -399,6 +415,7 @@ enum ConvergenceBenchmarks {
                     let p = "\(transfer.label)_\(n)p"
                     metrics["\(p)_converge_ms"] = elapsed
                     metrics["\(p)_after_last_edit_ms"] = afterLastEdit
+                    for (name, value) in idle { metrics["\(p)_\(name)"] = value }
                     let sizes = framed.withLock { $0 }
                     let framedBytes = Double(sizes.reduce(0, +)) / Double(max(1, sizes.count))
                     metrics["\(p)_framed_delta_bytes"] = framedBytes
