@@ -144,9 +144,8 @@ enum ConvergenceBenchmarks {
                 metrics["\(p)_bytes_per_op"] = Double(after.bytes - before.bytes) / Double(updates)
                 metrics["\(p)_messages_per_op"] = Double(after.messages - before.messages) / Double(updates)
                 // What the bytes per update are made of (frame bytes; the rest is TLS records).
-                for (name, bytes) in afterByMessage {
-                    let sent = bytes - (beforeByMessage[name] ?? 0)
-                    if sent > 0 { metrics["\(p)_frame_bytes_per_op_\(name)"] = Double(sent) / Double(updates) }
+                for (name, sent) in frameBytesSent(from: beforeByMessage, to: afterByMessage) {
+                    metrics["\(p)_frame_bytes_per_op_\(name)"] = Double(sent) / Double(updates)
                 }
                 metrics["\(p)_apply_in_memory_ms"] = applyMs
                 for point in curve.dropFirst() { metrics["\(p)_curve_bytes_at_\(point.ops)"] = Double(point.bytes) }
@@ -403,8 +402,8 @@ enum ConvergenceBenchmarks {
                         let perPeerSecond = 1 / (window.millisecondsDouble / 1_000) / Double(n)
                         idle["idle_bytes_per_s_per_peer"] = Double(to.bytes - from.bytes) * perPeerSecond
                         idle["idle_messages_per_s_per_peer"] = Double(to.messages - from.messages) * perPeerSecond
-                        for (name, bytes) in toByMessage where bytes > fromByMessage[name] ?? 0 {
-                            idle["idle_frame_bytes_per_s_per_peer_\(name)"] = Double(bytes - (fromByMessage[name] ?? 0)) * perPeerSecond
+                        for (name, sent) in frameBytesSent(from: fromByMessage, to: toByMessage) {
+                            idle["idle_frame_bytes_per_s_per_peer_\(name)"] = Double(sent) * perPeerSecond
                         }
                     }
                     for w in watchers { w.cancel() }
@@ -424,9 +423,8 @@ enum ConvergenceBenchmarks {
                     metrics["\(p)_bytes_per_op_over_peers_x_framed"] = Double(after.bytes - before.bytes) / Double(ops) / (Double(n) * framedBytes)
                     metrics["\(p)_messages"] = Double(after.messages - before.messages)
                     // What the bytes per edit are made of (frame bytes, TLS not included).
-                    for (name, bytes) in afterByMessage {
-                        let sent = bytes - (beforeByMessage[name] ?? 0)
-                        if sent > 0 { metrics["\(p)_frame_bytes_per_op_\(name)"] = Double(sent) / Double(ops) }
+                    for (name, sent) in frameBytesSent(from: beforeByMessage, to: afterByMessage) {
+                        metrics["\(p)_frame_bytes_per_op_\(name)"] = Double(sent) / Double(ops)
                     }
                     if !samples.isEmpty {
                         metrics["\(p)_p50_ms"] = percentile(samples, 0.5)

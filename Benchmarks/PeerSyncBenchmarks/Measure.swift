@@ -138,6 +138,14 @@ func frameBytesByMessage(_ peers: [PeerUnderTest]) async -> [String: Int] {
     return total
 }
 
+/// The frame bytes each message type sent between two ``frameBytesByMessage(_:)`` readings
+/// (types that sent nothing are left out).
+func frameBytesSent(from before: [String: Int], to after: [String: Int]) -> [String: Int] {
+    var sent: [String: Int] = [:]
+    for (name, bytes) in after where bytes > before[name] ?? 0 { sent[name] = bytes - (before[name] ?? 0) }
+    return sent
+}
+
 func allEqual(_ peers: [PeerUnderTest]) -> Bool {
     guard let first = peers.first?.store.state.digest else { return true }
     return peers.dropFirst().allSatisfy { $0.store.state.digest == first }

@@ -95,11 +95,6 @@ public actor Replicator {
         return (id, signal)
     }
 
-    /// One frame from the peer of session `id`.
-    func receive(_ id: SessionID, type: UInt8, body: [UInt8]) {
-        perform(core.receive(id, type: type, body: body, now: .now, wallClock: configuration.wallClock(), state: storage.snapshot()))
-    }
-
     /// Frames from the peer of session `id` that arrived together, in order: each is carried
     /// out as it comes, and a commit starts after the last (what they queued shares it).
     func receive(_ id: SessionID, frames: [(type: UInt8, body: [UInt8])]) {

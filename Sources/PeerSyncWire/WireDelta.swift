@@ -42,12 +42,16 @@ public enum WireDelta {
     public static func encode(_ delta: RecordMap, with dictionary: WireDictionary) -> [UInt8] {
         var out: [UInt8] = []
         if let event = singleEvent(delta) {
-            let last = dictionary.lastEventCounter(of: event.dot.replica)
-            let next = dictionary.relativeEventCounters && event.dot.counter > last
-            out.append(next ? 2 : 1)
-            dictionary.writeReplica(event.dot.replica, to: &out)
-            Varint.append(next ? event.dot.counter - last - 1 : event.dot.counter, to: &out)
-            dictionary.setLastEventCounter(event.dot.counter, of: event.dot.replica)
+            out.append(1)
+            let writer = dictionary.writeReplica(event.dot.replica, to: &out)
+            let last = dictionary.lastEventCounters[writer]
+            if dictionary.relativeEventCounters, event.dot.counter > last {
+                out[0] = 2
+                Varint.append(event.dot.counter - last - 1, to: &out)
+            } else {
+                Varint.append(event.dot.counter, to: &out)
+            }
+            dictionary.lastEventCounters[writer] = event.dot.counter
             dictionary.writeName(event.key.collection, to: &out)
             appendUUID(event.key.id, to: &out)
             Varint.append(UInt64(event.state.fields.count), to: &out)
@@ -178,18 +182,19 @@ public enum WireDelta {
         let context: CausalContext
         switch form {
         case 1, 2:
-            let replica = try dictionary.readReplica(from: &r)
+            let writer = try dictionary.readReplicaIndex(from: &r)
+            let replica = dictionary.replica(at: writer)
             let counter: UInt64
             if form == 1 {
                 counter = try readCounter(&r)
             } else {
-                let last = dictionary.lastEventCounter(of: replica)
+                let last = dictionary.lastEventCounters[writer]
                 guard let distance = r.readVarint(), distance < ValidationLimits.maxCounter - last else {
                     throw .malformed(message: "delta", detail: "event counter past \(ValidationLimits.maxCounter)")
                 }
                 counter = last + 1 + distance
             }
-            dictionary.setLastEventCounter(counter, of: replica)
+            dictionary.lastEventCounters[writer] = counter
             let dot = Dot(replica: replica, counter: counter)
             let key = RecordKey(collection: try dictionary.readName(from: &r), id: try readUUID(&r))
             var state = RecordState(presence: [replica: PresenceEntry(counter: counter, removedBy: nil)])

@@ -25,9 +25,9 @@ public final class WireDictionary {
     /// Physical milliseconds of the last timestamp written or read; timestamps are sent as a
     /// signed difference from it. Both sides start at the sender's hello wall clock.
     var lastPhysical: UInt64
-    /// The counter of each replica's last event-form delta in this direction (none: 0); form 2
-    /// sends an event's counter as the distance from it.
-    private var lastEventCounters: [ReplicaID: UInt64] = [:]
+    /// By replica index: the counter of the replica's last event-form delta in this direction
+    /// (none: 0); form 02 sends an event's counter as the distance from it.
+    var lastEventCounters: [UInt64] = []
     /// Encoding: the peer reads event counters relative to the last (its hello announced
     /// ``HelloFeatures/eventCounters``). Decoding takes both forms whatever this says.
     public var relativeEventCounters = false
@@ -36,33 +36,47 @@ public final class WireDictionary {
         lastPhysical = wallClockMilliseconds
     }
 
-    func writeReplica(_ id: ReplicaID, to out: inout [UInt8]) {
+    /// Writes a reference to `id` (defining it if new) and returns its index.
+    @discardableResult
+    func writeReplica(_ id: ReplicaID, to out: inout [UInt8]) -> Int {
         if let index = replicaIndex[id] {
             Varint.append(UInt64(index + 1), to: &out)
-            return
+            return index
         }
         out.append(0)
         id.appendBigEndianBytes(to: &out)
-        replicaIndex[id] = replicas.count
-        replicas.append(id)
+        return define(id)
     }
 
     func readReplica(from reader: inout ByteReader) throws(WireError) -> ReplicaID {
+        replicas[try readReplicaIndex(from: &reader)]
+    }
+
+    /// Reads a replica reference (defining the replica if new) and returns its index.
+    func readReplicaIndex(from reader: inout ByteReader) throws(WireError) -> Int {
         guard let ref = reader.readVarint() else { throw .malformed(message: "delta", detail: "truncated replica reference") }
         if ref > 0 {
             guard ref <= UInt64(replicas.count) else {
                 throw .malformed(message: "delta", detail: "replica reference \(ref) of \(replicas.count)")
             }
-            return replicas[Int(ref - 1)]
+            return Int(ref - 1)
         }
         guard replicas.count < Self.capacity else { throw .dictionaryFull }
         guard let raw = reader.readBytes(16), let id = ReplicaID(bigEndianBytes: raw) else {
             throw .malformed(message: "delta", detail: "truncated replica ID")
         }
         guard replicaIndex[id] == nil else { throw .malformed(message: "delta", detail: "replica ID defined twice") }
-        replicaIndex[id] = replicas.count
+        return define(id)
+    }
+
+    func replica(at index: Int) -> ReplicaID { replicas[index] }
+
+    private func define(_ id: ReplicaID) -> Int {
+        let index = replicas.count
+        replicaIndex[id] = index
         replicas.append(id)
-        return id
+        lastEventCounters.append(0)
+        return index
     }
 
     func writeName(_ name: String, to out: inout [UInt8]) {
@@ -92,10 +106,6 @@ public final class WireDictionary {
         names.append(name)
         return name
     }
-
-    func lastEventCounter(of replica: ReplicaID) -> UInt64 { lastEventCounters[replica] ?? 0 }
-
-    func setLastEventCounter(_ counter: UInt64, of replica: ReplicaID) { lastEventCounters[replica] = counter }
 
     /// Whether `id` is already defined in this direction (a reference then costs ≤ 3 bytes).
     public func knows(_ id: ReplicaID) -> Bool { replicaIndex[id] != nil }

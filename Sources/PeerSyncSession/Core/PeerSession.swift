@@ -274,7 +274,6 @@ extension PeerSession {
                 out.pendingDeltas = []
                 out.deltaBytes = 0
                 deltasHeldUntil = nil
-                outbound.relativeEventCounters = peer?.features.contains(.eventCounters) == true
                 for delta in pending {
                     if fitsOneFrame(delta) {
                         add(Message.delta(WireDelta.encode(delta, with: outbound)).encodedFrame())

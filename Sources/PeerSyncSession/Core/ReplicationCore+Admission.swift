@@ -11,6 +11,7 @@ extension ReplicationCore {
     /// The peer's hello passed the protocol checks: check its group and device key, and prove
     /// our own key (auth). The session waits for the peer's auth.
     mutating func authenticate(_ id: SessionID, hello: Hello, now: MonotonicInstant) -> [Action] {
+        sessions[id]!.outbound.relativeEventCounters = hello.features.contains(.eventCounters)
         let group = settings.identity.groupID
         guard hello.groupID == group.bytes else {
             return refuse(id, .notAdmitted, "the peer belongs to another sync group", now: now)
