@@ -30,7 +30,7 @@ extension RecordMap {
         var breakdown = DigestBreakdown()
         for (collection, records) in collections {
             var sum = StateDigest()
-            for (id, state) in records {
+            for (id, state) in records where state.isVisible {
                 let key = RecordKey(collection: collection, id: id)
                 for (name, register) in state.fields {
                     let h = Self.hash(key, name, register)

@@ -78,10 +78,7 @@ extension RecordMap {
             guard let state = collections[key.collection]?[key.id], Self.isPurgeable(state, stable: stable) else { continue }
             collections[key.collection]?[key.id] = nil
             if collections[key.collection]?.isEmpty == true { collections[key.collection] = nil }
-            if maintainedDigest != nil {
-                for (name, register) in state.fields { maintainedDigest!.remove(Self.hash(key, name, register)) }
-                for (replica, entry) in state.presence { maintainedDigest!.remove(Self.hash(key, replica, entry)) }
-            }
+            // A purged record is invisible, so it was never in the digest.
             result.keys.append(key)
             result.fieldCount += state.fields.count
             result.presenceCount += state.presence.count

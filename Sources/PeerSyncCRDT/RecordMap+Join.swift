@@ -1,6 +1,7 @@
 /// The per-record step of ``RecordMap/apply(_:)``: joins one incoming record state into the
 /// one held (or into nothing), keeping the digest and the dot index current and noting what
-/// changed. It works on the record in its collection's dictionary, in place, so a join costs
+/// changed. The digest counts visible records only (``RecordMap/digest``): a record's elements
+/// move with it one by one while it stays visible, and all at once when it is deleted or revived. It works on the record in its collection's dictionary, in place, so a join costs
 /// one lookup by record ID however many fields change.
 struct RecordJoin {
     /// The context before the join (an incoming loser the receiver never saw is a conflict).
@@ -36,6 +37,9 @@ struct RecordJoin {
         var recordChanged = false
         var presenceChanged = false
         let visibilityBefore = current.isVisible
+        // Element by element only while the record is in the digest (it was visible); a
+        // deleted record's elements are not, and a change of visibility moves them all below.
+        let tracking = visibilityBefore && digest != nil
         // The fields of one write share its dot: index it once, not once per field.
         var lastIndexed: Dot?
         func indexDot(_ dot: Dot) {
@@ -49,7 +53,7 @@ struct RecordJoin {
                 let ours = current.fields.entries[position].value
                 if ours == theirs { continue }
                 if theirs.wins(over: ours) {
-                    if digest != nil {
+                    if tracking {
                         digest!.remove(fieldHash(name, ours))
                         digest!.add(fieldHash(name, theirs))
                     }
@@ -64,7 +68,7 @@ struct RecordJoin {
                     outcome.conflicts.append(FieldConflict(key: key, field: name, winner: ours, loser: theirs))
                 }
             } else {
-                if digest != nil { digest!.add(fieldHash(name, theirs)) }
+                if tracking { digest!.add(fieldHash(name, theirs)) }
                 current.fields.entries.insert(.init(key: name, value: theirs), at: position)
                 indexDot(theirs.dot)
                 outcome.changedFieldCount += 1
@@ -76,7 +80,7 @@ struct RecordJoin {
             let ours = current.presence[replica]
             let joined = ours.map { $0.joined(with: theirs) } ?? theirs
             if joined != ours {
-                if digest != nil {
+                if tracking {
                     if let ours { digest!.remove(presenceHash(replica, ours)) }
                     digest!.add(presenceHash(replica, joined))
                 }
@@ -88,7 +92,17 @@ struct RecordJoin {
                 presenceChanged = true
             }
         }
-        if recordChanged || visibilityBefore != current.isVisible {
+        let visibilityAfter = current.isVisible
+        if digest != nil, visibilityBefore != visibilityAfter {
+            // Deleted: its (already updated) elements leave the digest; revived: they enter it.
+            for (name, register) in current.fields {
+                if visibilityAfter { digest!.add(fieldHash(name, register)) } else { digest!.remove(fieldHash(name, register)) }
+            }
+            for (replica, entry) in current.presence {
+                if visibilityAfter { digest!.add(presenceHash(replica, entry)) } else { digest!.remove(presenceHash(replica, entry)) }
+            }
+        }
+        if recordChanged || visibilityBefore != visibilityAfter {
             outcome.changedRecords.insert(key)
         }
         if recordChanged || presenceChanged { outcome.changedStates.insert(key) }
@@ -98,7 +112,7 @@ struct RecordJoin {
     /// A record not held: the join is the incoming record itself (no element to compare, no
     /// conflict), taken whole instead of field by field.
     private mutating func insert(_ key: RecordKey, slot: UInt16?, _ incoming: RecordState, _ outcome: inout MergeOutcome) {
-        if digest != nil {
+        if digest != nil, incoming.isVisible {
             let prefix = RecordMap.fieldHashPrefix(key)
             for (name, register) in incoming.fields { digest!.add(RecordMap.hash(fieldsOf: prefix, name, register)) }
             let presencePrefix = RecordMap.presenceHashPrefix(key)

@@ -27,7 +27,10 @@ public struct RecordMap: Sendable {
     /// bookkeeping, not part of the state (not in `==`, the digest or the encoding).
     public internal(set) var compactedThrough = CausalContext()
 
-    /// Digest of the canonical state: fields, presence entries and context.
+    /// Digest of the canonical state: the fields and presence entries of every *visible* record,
+    /// and the context. Deleted records are left out: whether a replica still holds one or has
+    /// purged it (compaction, ARCHITECTURE.md) is local bookkeeping that must not make two
+    /// replicas holding the same events look different.
     ///
     /// - Complexity: O(1) for replica states; O(size) for a delta built without one.
     public var digest: StateDigest {
@@ -50,7 +53,7 @@ public struct RecordMap: Sendable {
         maintainedDigest = maintainingDigest ? .empty : nil
         for (key, state) in records where !state.isEmpty {
             collections[key.collection, default: [:]][key.id] = state
-            if maintainingDigest {
+            if maintainingDigest, state.isVisible {
                 for (name, register) in state.fields { maintainedDigest!.add(Self.hash(key, name, register)) }
                 for (replica, entry) in state.presence { maintainedDigest!.add(Self.hash(key, replica, entry)) }
             }
@@ -237,7 +240,7 @@ public struct RecordMap: Sendable {
         precondition(record(key) == nil)
         collections[key.collection, default: [:]][key.id] = state
         dotIndex?.addAll(of: state, key)
-        guard maintainedDigest != nil else { return }
+        guard maintainedDigest != nil, state.isVisible else { return }
         for (name, register) in state.fields { maintainedDigest!.add(Self.hash(key, name, register)) }
         for (replica, entry) in state.presence { maintainedDigest!.add(Self.hash(key, replica, entry)) }
     }

@@ -547,10 +547,10 @@ struct VectorBuilder {
         _ = try! state.remove(loc, by: Fixed.b)
         _ = try! state.write(["e": .bytes([1, 2, 3])], to: RecordKey(collection: "_roster", id: Fixed.r3), at: Fixed.ts(7), by: Fixed.a)
         _ = try! state.write(["weekStart": .int(1)], to: RecordKey.settingsForVectors, at: Fixed.ts(8), by: Fixed.a)
-        states.append(("a deleted record (still counted), a _roster record and the settings record: records = 4", state))
+        states.append(("a deleted record (not in the digest, but counted in records), a _roster record and the settings record: records = 4", state))
         return [
             "kind": "digests",
-            "description": "SipHash-2-4-128 with key k0 = 0x5065657253796e63, k1 = 0x2d64696765737431 (lanes: first output word = high), and state digests (sum of element hashes, lane-wise mod 2^64). records = every record held, visible or not, in every collection.",
+            "description": "SipHash-2-4-128 with key k0 = 0x5065657253796e63, k1 = 0x2d64696765737431 (lanes: first output word = high), and state digests (sum of the element hashes of visible records and the context, lane-wise mod 2^64; a deleted record adds nothing). records = every record held, visible or not, in every collection.",
             "siphash": hashes.map { input -> JSON in
                 var h = StableHasher()
                 for byte in input { h.combine(byte) }

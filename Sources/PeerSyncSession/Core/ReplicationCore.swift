@@ -315,10 +315,8 @@ struct ReplicationCore {
             sessions[id]!.changedSinceDigest = true
             sessions[id]!.ackOwed = true
             guard sessions[id]!.lastAckContext == state.context else { return [] }
-            // Digests of replicas that purged with different stable contexts differ although
-            // both are right (docs/ARCHITECTURE.md, "Compaction"): not a divergence. Each purges
-            // with the other's once it learns it (the gossip), and the next round compares.
-            if let peerStable = sessions[id]!.peerStable, peerStable != state.records.compactedThrough { return [] }
+            // Equal events, different digests: a divergence. (Compaction cannot cause one: the
+            // digest leaves deleted records out, so whether one is purged yet does not show.)
             return watchdog(id, info: info, now: now, state: state)
         case .breakdown(_, let theirs):
             guard let info = sessions[id]!.info else { return [] }
