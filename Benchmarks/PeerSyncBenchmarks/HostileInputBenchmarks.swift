@@ -103,7 +103,7 @@ enum HostileInputBenchmarks {
         metrics["max_chunk_decode_ms"] = medianMilliseconds(rounds: rounds) {
             var splitter = FrameSplitter()
             splitter.append(chunk)
-            guard let frame = try? splitter.next(), case .chunk(_, _, _, let body)? = try? Message.decode(type: frame.type, body: frame.body)
+            guard let frame = try? splitter.next(), case .chunk(_, _, _, let body, _)? = try? Message.decode(type: frame.type, body: frame.body)
             else { preconditionFailure("chunk did not decode") }
             _ = try? WireDelta.decode(body, with: WireDictionary(startingAt: 0))
         }

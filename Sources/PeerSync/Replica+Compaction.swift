@@ -170,12 +170,12 @@ extension Replica {
             return status
         }
         let group = CompactionMembers(roster: roster, localDevice: deviceID, localReplica: state.replicaID,
-                                      localContext: state.context, reports: record.reports)
+                                      localContext: state.context, reports: record.reportedContexts)
         let needed = state.records.unstableDeletedFrontier(stable: record.frontier.stable)
         status.heldBackBy = CompactionFrontier.holdingBack(needed, members: group.members).compactMap { key in
             guard let device = group.devices[key], let entry = roster.devices[device] else { return nil }
             return CompactionStatus.Holder(device: device, name: entry.name,
-                                           lastSeen: record.reportedAt[key].map { Date(timeIntervalSince1970: Double($0) / 1_000) })
+                                           lastSeen: record.reportedAt(key).map { Date(timeIntervalSince1970: Double($0) / 1_000) })
         }
         return status
     }
@@ -213,11 +213,11 @@ extension Replica {
         guard roster.isActive(deviceID) else { return CompactionReport(run: nil, status: compactionStatus()) }
         var record = store.compaction
         let group = CompactionMembers(roster: roster, localDevice: deviceID, localReplica: state.replicaID,
-                                      localContext: state.context, reports: record.reports)
+                                      localContext: state.context, reports: record.reportedContexts)
         // Reports that no longer count: removed devices' and older incarnations'. Unclaimed IDs
         // stay (their claim may be on its way) unless there are absurdly many.
-        let claimedElsewhere = record.reports.keys.filter { roster.claimant(of: $0) != nil && !group.reporting.contains($0) }
-        let unclaimed = record.reports.keys.filter { roster.claimant(of: $0) == nil }
+        let claimedElsewhere = record.reports.byReplica.keys.filter { roster.claimant(of: $0) != nil && !group.reporting.contains($0) }
+        let unclaimed = record.reports.byReplica.keys.filter { roster.claimant(of: $0) == nil }
         if !claimedElsewhere.isEmpty || unclaimed.count > ValidationLimits.maxContextReplicas / 10 {
             let keep = group.reporting
             try store.retainSeen { keep.contains($0) || (unclaimed.count <= ValidationLimits.maxContextReplicas / 10 && roster.claimant(of: $0) == nil) }

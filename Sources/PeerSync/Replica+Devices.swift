@@ -187,6 +187,22 @@ extension Replica {
 
     /// Makes sure the roster says this device writes as the store's current replica ID (a new
     /// store, a new incarnation after a copy or restore).
+    /// What a store put back from a backup does once it learns so (a peer's hello or auth, or a
+    /// report signed by its lost future): if `lostReplica` is its current replica ID, it
+    /// continues under a new one (claimed in the roster); and the writes it made under
+    /// `lostReplica` after `lostSince` (ms since 1970) — since the restore — move to its current
+    /// ID (docs/ARCHITECTURE.md, "Restores"). Returns the incarnation change and the events moved.
+    static func recoverFromRestore(_ store: ReplicaStore, key: DeviceKey, groupID: GroupID, lostReplica: ReplicaID,
+                                   lostSince: UInt64?, reason: String) throws -> (change: IncarnationChange?, moved: Int) {
+        var change: IncarnationChange?
+        if store.replicaID == lostReplica {
+            change = try store.beginNewIncarnation(reason: reason)
+            try claimReplicaID(store, key: key, groupID: groupID)
+        }
+        let moved = try lostSince.map { try store.moveWritesSinceRestore(of: lostReplica, after: $0) } ?? 0
+        return (change, moved)
+    }
+
     static func claimReplicaID(_ store: ReplicaStore, key: DeviceKey, groupID: GroupID) throws {
         let replica = store.replicaID
         let roster = store.state.roster(of: groupID)

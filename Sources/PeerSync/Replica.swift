@@ -181,7 +181,7 @@ public actor Replica {
             logger.warning("this store was copied or restored", metadata: ["replica.id": "\(change.current.shortDescription)",
                                                                            "replica.previous": "\(change.previous.shortDescription)"])
         }
-        let replicator = Replicator(storage: StoreSyncStorage(store), replicaID: store.replicaID, name: store.state.name,
+        let replicator = Replicator(storage: StoreSyncStorage(store, key: deviceKey, groupID: groupID), replicaID: store.replicaID, name: store.state.name,
                                     identity: identity, configuration: configuration, logger: logger)
         self.replicator = replicator
         setStatus(.connecting)
@@ -352,20 +352,30 @@ public actor Replica {
                 await publishHealth()
             case .divergenceDetail:
                 break
-            case .restoredStoreDetected(let info, let replica, let known, let held):
+            case .restoredStoreDetected(let info, let replica, let known, let held, let lostSince):
                 guard replica == store.replicaID, let configuration else { break }
                 let reason = "peer \(info.name) knows \(known) writes by this replica, the store has \(held): it was restored from an older copy"
                 do {
-                    let change = try store.beginNewIncarnation(reason: reason)
-                    try Self.claimReplicaID(store, key: deviceKey, groupID: groupID)
-                    logger.warning("this store was restored from an older copy; continuing as a new replica",
-                                   metadata: ["replica.id": "\(change.current.shortDescription)", "replica.previous": "\(replica.shortDescription)"])
+                    let recovery = try Self.recoverFromRestore(store, key: deviceKey, groupID: groupID, lostReplica: replica,
+                                                               lostSince: lostSince, reason: reason)
+                    logger.warning("this store was restored from an older copy; continuing as a new replica", metadata: [
+                        "replica.id": "\(store.replicaID.shortDescription)", "replica.previous": "\(replica.shortDescription)",
+                        "restore.moved": "\(recovery.moved)",
+                    ])
                 } catch {
                     logger.error("cannot continue as a new replica", metadata: ["error": "\(error)"])
                     setStatus(.error(.storage("\(error)")))
                     break
                 }
                 // Sessions announce the replica ID: start them again under the new one.
+                Task { try? await self.startSync(configuration) }
+            case .restoreRecovered(let previous, let newIncarnation, let moved):
+                logger.warning("a report this store did not sign shows it was restored from an older copy; recovered", metadata: [
+                    "replica.id": "\(store.replicaID.shortDescription)", "replica.previous": "\(previous.shortDescription)",
+                    "restore.moved": "\(moved)",
+                ])
+                guard newIncarnation, let configuration else { break }
+                // Sessions announced the old replica ID: start them again under the new one.
                 Task { try? await self.startSync(configuration) }
             case .joined:
                 pendingJoin = nil

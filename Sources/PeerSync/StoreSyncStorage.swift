@@ -1,5 +1,6 @@
 import Foundation
 import PeerSyncCRDT
+import PeerSyncIdentity
 import PeerSyncModel
 import PeerSyncSession
 import PeerSyncStore
@@ -10,13 +11,18 @@ public struct StoreSyncStorage: SyncStorage {
     public let store: ReplicaStore
     /// The attachment directory beside the store.
     public let attachments: AttachmentStore
+    /// The device key and group, to continue under a new replica ID when a report of this
+    /// store's lost future arrives (nil: such a report is only logged by the node).
+    let identity: (key: DeviceKey, group: GroupID)?
 
     /// Turns on the store's background checkpoints: a node keeps its store open and commits
-    /// often, and a commit should not wait for a checkpoint.
-    public init(_ store: ReplicaStore) {
+    /// often, and a commit should not wait for a checkpoint. `key` and `groupID`: this device's,
+    /// for recovering from a restore that a signed report reveals (``recordSeen(_:)``).
+    public init(_ store: ReplicaStore, key: DeviceKey? = nil, groupID: GroupID? = nil) {
         store.checkpointsInBackground = true
         self.store = store
         attachments = AttachmentStore(storeDirectory: store.directory)
+        identity = key.flatMap { key in groupID.map { (key, $0) } }
     }
 
     public func snapshot() -> ReplicaState { store.state }
@@ -29,17 +35,45 @@ public struct StoreSyncStorage: SyncStorage {
         }
     }
 
+    public func applyRemote(_ deltas: [RecordMap], from origin: String, completing rounds: [CompleteRound]) throws
+        -> (outcomes: [MergeOutcome], local: RecordMap?)
+    {
+        do {
+            return try store.applyRemoteEach(deltas, from: origin, completing: rounds)
+        } catch .refused(_, let detail) {
+            throw SyncStorageRefusal(detail)
+        }
+    }
+
     public func commitLocal(_ body: (inout ReplicaState) throws -> RecordMap?) throws -> RecordMap? {
         try store.write(body)
     }
 
     // MARK: - Compaction gossip
 
-    public func seenGossip() -> SeenContexts? { store.seenGossip() }
+    public func seenReports() -> [SeenReport]? { store.seenReports() }
 
-    public func recordSeen(_ gossip: SeenContexts) throws -> Bool {
-        try store.recordSeen(gossip, now: UInt64(max(0, Date().timeIntervalSince1970 * 1_000)))
+    /// Records the reports; one signed by this store's lost future (it was put back from a
+    /// backup) makes it recover at once, before anything later is stored: the writes it made
+    /// since the restore move to its current replica ID — a new one if the lost future's was
+    /// the current one (docs/ARCHITECTURE.md, "Restores").
+    public func recordSeen(_ reports: [SeenReport]) throws -> RecordedReports {
+        var recorded = try store.recordSeen(reports)
+        guard !recorded.fromLostFuture.isEmpty, let identity else { return recorded }
+        var newest: [ReplicaID: SeenReport] = [:]
+        for report in recorded.fromLostFuture where report.time >= newest[report.replica]?.time ?? 0 { newest[report.replica] = report }
+        for (replica, report) in newest.sorted(by: { $0.key < $1.key }) {
+            let recovery = try Replica.recoverFromRestore(
+                store, key: identity.key, groupID: identity.group, lostReplica: replica, lostSince: report.time,
+                reason: "a report this store did not sign shows it was restored from an older copy")
+            if recovery.change != nil { recorded.leftIncarnation = replica }
+            recorded.movedEvents += recovery.moved
+            try store.acknowledgeLostFuture(report)
+        }
+        return recorded
     }
+
+    public func saveOwnReport(_ report: SeenReport) throws { try store.saveOwnReport(report) }
 
     // MARK: - Attachments
 

@@ -60,9 +60,9 @@ public actor Replicator {
                                                timing: configuration.timing, limits: configuration.limits,
                                                transfer: configuration.transfer, identity: identity,
                                                attachments: configuration.attachments && storage.storesAttachments,
-                                               seenGossip: storage.seenGossip() != nil,
+                                               signedReports: storage.seenReports() != nil,
                                                deflateChunks: configuration.deflateChunks),
-                               roster: storage.snapshot().roster(of: identity.groupID))
+                               roster: storage.snapshot().roster(of: identity.groupID), reports: storage.seenReports() ?? [])
     }
 
     /// The roster as the local state has it now.
@@ -144,7 +144,7 @@ public actor Replicator {
     func nextBatch(_ id: SessionID, budget: Int = 64 << 10) -> OutboundBatch? {
         let storage = self.storage
         let (batch, actions) = core.nextBatch(id, budget: budget, now: .now, state: storage.snapshot(),
-                                              gossip: { storage.seenGossip() })
+                                              gossip: { storage.seenReports() })
         perform(actions)
         return batch
     }
@@ -264,6 +264,7 @@ public actor Replicator {
 
     private func tick() {
         perform(core.tick(now: .now))
+        perform(core.refreshOwnReport(state: storage.snapshot(), wallClock: configuration.wallClock()))
     }
 
     // MARK: - Carrying out
@@ -298,8 +299,10 @@ public actor Replicator {
                 admit(id, entry)
             case .attachmentIO(let io):
                 performAttachmentIO(io)
-            case .recordSeen(let gossip):
-                recordSeen(gossip)
+            case .recordSeen(let reports):
+                recordSeen(reports)
+            case .saveOwnReport(let report):
+                saveOwnReport(report)
             case .log(let line):
                 let level: Logger.Level = switch line.level {
                 case .debug: .debug
@@ -332,27 +335,60 @@ public actor Replicator {
         }
     }
 
-    /// Joins gossip into storage on the commit queue (a small write, never on the actor); if it
-    /// grew, sessions send it on with their next digest round and the engine may compact.
-    private func recordSeen(_ gossip: SeenContexts) {
+    /// Records checked reports in storage on the commit queue (a small write, never on the
+    /// actor; in order with commits, so a store that learns it was put back from a backup
+    /// recovers before a later round is stored); if they grew what this node knows, sessions
+    /// send them on with their next digest round and the engine may compact.
+    private func recordSeen(_ reports: [SeenReport]) {
         let storage = self.storage
         let logger = self.logger
         commitQueue.async { [weak self] in
-            let grew: Bool
+            let recorded: RecordedReports
             do {
-                grew = try storage.recordSeen(gossip)
+                recorded = try storage.recordSeen(reports)
             } catch {
-                logger.warning("cannot store compaction gossip", metadata: ["error": "\(error)"])
+                logger.warning("cannot store compaction reports", metadata: ["error": "\(error)"])
                 return
             }
-            guard grew else { return }
-            Task { await self?.gossipGrew() }
+            guard recorded.grew || !recorded.fromLostFuture.isEmpty else { return }
+            Task { await self?.seenRecorded(recorded) }
         }
     }
 
-    private func gossipGrew() {
-        perform(core.gossipChanged(now: .now))
-        emit(.gossipReceived)
+    private func seenRecorded(_ recorded: RecordedReports) {
+        if let previous = recorded.leftIncarnation ?? recorded.fromLostFuture.first?.replica, !recorded.fromLostFuture.isEmpty {
+            // This store was put back from a backup and has recovered (storage moved its writes
+            // since the restore, and continues under a new replica ID if its current one was the
+            // lost future's): sessions announced the old ID, so all of them end; the owner
+            // restarts sync.
+            if recorded.leftIncarnation != nil { perform(core.shutdown(now: .now)) }
+            emit(.restoreRecovered(previous: previous, newIncarnation: recorded.leftIncarnation != nil, moved: recorded.movedEvents))
+        }
+        if recorded.grew {
+            perform(core.gossipChanged(now: .now))
+            emit(.gossipReceived)
+        }
+    }
+
+    /// Stores this node's newly signed report (durably: before it is sent), then lets sessions
+    /// gossip it.
+    private func saveOwnReport(_ report: SeenReport) {
+        let storage = self.storage
+        let logger = self.logger
+        commitQueue.async { [weak self] in
+            var saved: SeenReport? = report
+            do {
+                try storage.saveOwnReport(report)
+            } catch {
+                logger.warning("cannot store this node's compaction report", metadata: ["error": "\(error)"])
+                saved = nil
+            }
+            Task { await self?.ownReportSaved(saved) }
+        }
+    }
+
+    private func ownReportSaved(_ report: SeenReport?) {
+        perform(core.ownReportSaved(report, now: .now))
     }
 
     private func commit(_ request: ReplicationCore.CommitRequest) {
@@ -360,8 +396,11 @@ public actor Replicator {
         let origins = Set(request.parts.map(\.origin))
         let origin = origins.count == 1 ? origins.first! : "peers"
         let deltas = request.deltas
+        let completing = request.completing
         commitQueue.async { [weak self] in
-            let result: Result<[MergeOutcome], any Error> = Result { try storage.applyRemote(deltas, from: origin) }
+            let result: Result<(outcomes: [MergeOutcome], local: RecordMap?), any Error> = Result {
+                try storage.applyRemote(deltas, from: origin, completing: completing)
+            }
             Task { await self?.commitFinished(request.id, result) }
         }
     }
@@ -370,11 +409,17 @@ public actor Replicator {
         perform(core.commitDue(now: .now, state: storage.snapshot()))
     }
 
-    private func commitFinished(_ id: UInt64, _ result: Result<[MergeOutcome], any Error>) {
+    private func commitFinished(_ id: UInt64, _ result: Result<(outcomes: [MergeOutcome], local: RecordMap?), any Error>) {
         switch result {
-        case .success(let outcomes):
+        case .success(let (outcomes, local)):
             let touchedRoster = outcomes.contains { $0.changedRecords.contains { $0.collection == RosterEntry.collection } }
             perform(core.committed(id, outcomes: outcomes, state: storage.snapshot(), now: .now))
+            if let local {
+                // Records the group purged while this replica was in the past, deleted here too.
+                logger.info("deleted records the group deleted while this store was away", metadata: ["records": "\(local.recordCount)"])
+                perform(core.broadcast(local, state: storage.snapshot(), now: .now))
+                emit(.localChange(local))
+            }
             if touchedRoster { refreshRoster() }
         case .failure(let error as SyncStorageRefusal):
             perform(core.commitFailed(id, error: error.detail, refused: true, now: .now, state: storage.snapshot()))

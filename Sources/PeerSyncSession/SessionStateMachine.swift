@@ -16,12 +16,14 @@ struct SessionStateMachine {
         case send(Message)
         /// The peer's hello passed every check: register the session and start the catch-up.
         case established(Hello)
-        case applyChunk(RecordMap, index: UInt64, count: UInt64, records: UInt64)
+        /// `stable` (first chunk only): the round is complete, sent because this side is behind
+        /// the peer's stable context (PROTOCOL §6.5).
+        case applyChunk(RecordMap, index: UInt64, count: UInt64, records: UInt64, stable: CausalContext?)
         case applyDelta(RecordMap)
         case acked(CausalContext, neighbors: [ReplicaID]?, incremental: Bool)
         case digest(StateDigest, records: UInt64)
         case breakdown(StateDigest, DigestBreakdown)
-        case auth(signature: [UInt8])
+        case auth(signature: [UInt8], lostSince: UInt64?)
         case join(entry: [UInt8])
         /// End the session; if `notifyPeer`, send `.error(reason, text)` first.
         case close(CloseReason, String, notifyPeer: Bool)
@@ -60,7 +62,7 @@ struct SessionStateMachine {
             return close(.malformed, "expected hello first, got \(message.kind)", notify: true)
         case (.established, .hello):
             return close(.malformed, "second hello", notify: true)
-        case (.established, .chunk(let index, let count, let records, let bytes)):
+        case (.established, .chunk(let index, let count, let records, let bytes, let stable)):
             if index == 0 {
                 expectedChunk = 0
                 chunkCount = count
@@ -69,7 +71,7 @@ struct SessionStateMachine {
                 return close(.malformed, "chunk \(index) of \(count), expected \(expectedChunk) of \(chunkCount)", notify: true)
             }
             expectedChunk = index + 1 == count ? 0 : index + 1
-            return decodeDelta(bytes, now: now).map { [.applyChunk($0, index: index, count: count, records: records)] }
+            return decodeDelta(bytes, now: now).map { [.applyChunk($0, index: index, count: count, records: records, stable: stable)] }
                 ?? close(.malformed, lastError, notify: true)
         case (.established, .delta(let bytes)):
             return decodeDelta(bytes, now: now).map { [.applyDelta($0)] } ?? close(.malformed, lastError, notify: true)
@@ -79,8 +81,8 @@ struct SessionStateMachine {
             return [.digest(digest, records: records)]
         case (.established, .breakdown(let digest, let parts)):
             return [.breakdown(digest, parts)]
-        case (.established, .auth(let signature)):
-            return [.auth(signature: signature)]
+        case (.established, .auth(let signature, let lostSince)):
+            return [.auth(signature: signature, lostSince: lostSince)]
         case (.established, .join(let entry)):
             return [.join(entry: entry)]
         case (.established, .ping(let nonce)):

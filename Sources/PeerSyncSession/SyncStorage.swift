@@ -17,13 +17,21 @@ public protocol SyncStorage: Sendable {
 
     // Compaction gossip (docs/PROTOCOL.md §19; defaults below for a storage without it).
 
-    /// What this replica gossips now: every replica's reported context (its own included) and
-    /// the stable context; nil if this storage keeps no gossip (the node then does not
-    /// announce it).
-    func seenGossip() -> SeenContexts?
-    /// Joins gossip from a peer, durably enough (a lost report only delays compaction).
-    /// Returns whether it grew what this replica knows. Called off the actor.
-    func recordSeen(_ gossip: SeenContexts) throws -> Bool
+    /// The signed reports this replica gossips: every other replica's newest and its own last
+    /// one; nil if this storage keeps no gossip (the node then does not announce it).
+    func seenReports() -> [SeenReport]?
+    /// Records reports from peers, already checked against the roster (a lost report only
+    /// delays compaction). Reports of this store's own replica IDs that it did not sign mean it
+    /// was put back from a backup: the storage recovers (new incarnation, writes since the
+    /// restore moved) and says so. Called off the actor, in commit order.
+    func recordSeen(_ reports: [SeenReport]) throws -> RecordedReports
+    /// Stores a report this replica signed, durably, before it is sent.
+    func saveOwnReport(_ report: SeenReport) throws
+    /// Joins deltas as ``applyRemote(_:from:)`` does and, for each complete round among them,
+    /// deletes the records the peer's group purged while this replica was in the past
+    /// (PROTOCOL §6.5): local events in the same transaction, returned to be shipped.
+    func applyRemote(_ deltas: [RecordMap], from origin: String, completing rounds: [CompleteRound]) throws
+        -> (outcomes: [MergeOutcome], local: RecordMap?)
 
     // Attachment bytes (SyncStorage+Attachments.swift has defaults for a storage without them).
     // Called off the actor, on the replicator's attachment queue; may block on files.
@@ -48,8 +56,14 @@ public protocol SyncStorage: Sendable {
 }
 
 extension SyncStorage {
-    public func seenGossip() -> SeenContexts? { nil }
-    public func recordSeen(_ gossip: SeenContexts) throws -> Bool { false }
+    public func seenReports() -> [SeenReport]? { nil }
+    public func recordSeen(_ reports: [SeenReport]) throws -> RecordedReports { RecordedReports() }
+    public func saveOwnReport(_ report: SeenReport) throws {}
+    public func applyRemote(_ deltas: [RecordMap], from origin: String, completing rounds: [CompleteRound]) throws
+        -> (outcomes: [MergeOutcome], local: RecordMap?)
+    {
+        (try applyRemote(deltas, from: origin), nil)
+    }
 }
 
 /// Thrown by a ``SyncStorage`` that refuses what a peer sent (it breaks a bound the store
@@ -136,8 +150,8 @@ public enum NodeEvent: Sendable {
     case rosterChanged(Roster, removedSelf: Bool)
     /// This device's join completed: it is on the roster it received from its inviter.
     case joined(Roster)
-    /// A peer's compaction gossip (or ack) taught this replica something new about what the
-    /// group has seen: compaction may be able to go further.
+    /// A peer's compaction gossip taught this replica something new about what the group has
+    /// seen: compaction may be able to go further.
     case gossipReceived
     /// A local change this node made itself (admitting a joiner's roster entry).
     case localChange(RecordMap)
@@ -148,8 +162,15 @@ public enum NodeEvent: Sendable {
     case divergenceDetail(PeerInfo, collections: [String], writers: [ReplicaID])
     /// The peer knows writes in this replica's name up to `peerKnows`, beyond the `localHas` this
     /// store holds: the store was restored from an older copy. The session is refused; the owner
-    /// should continue under a new replica ID (`ReplicaStore.beginNewIncarnation`) and resync.
-    case restoredStoreDetected(PeerInfo, replica: ReplicaID, peerKnows: UInt64, localHas: UInt64)
+    /// should continue under a new replica ID (`ReplicaStore.beginNewIncarnation`), move the
+    /// writes it made after `lostSince` (ms since 1970; the peer's newest knowledge of the lost
+    /// future, when it told) to it, and resync.
+    case restoredStoreDetected(PeerInfo, replica: ReplicaID, peerKnows: UInt64, localHas: UInt64, lostSince: UInt64?)
+    /// A report signed by this store's lost future arrived (it was put back from a backup): the
+    /// storage recovered — the writes made since the restore under `previous` moved to the
+    /// current replica ID (`moved` events), and if `previous` was the current ID, the store
+    /// continues under a new one. Every session ended; the owner restarts sync.
+    case restoreRecovered(previous: ReplicaID, newIncarnation: Bool, moved: Int)
     /// Inbound connections were closed as soon as they were accepted: the node had
     /// ``SyncLimits/inboundConnections`` open (`overTotal`), or their address had
     /// ``SyncLimits/inboundConnectionsPerAddress`` (`overAddress`). Reported with a warning

@@ -166,10 +166,12 @@ extension ReplicaStore {
             // behind it reloads the whole state when it reaches it (a row without a delta, or a
             // gap), so older rows are never read again — and they hold the purged records'
             // deltas. This also drops the run's other markers (100 for 100,000 records).
-            try db.execute(sql: """
-                DELETE FROM journal WHERE seq < (SELECT max(seq) FROM journal WHERE origin = 'compaction' AND delta IS NULL)
-                """)
+            // Local commits keep their row without its delta: their `events` say which of this
+            // store's own events were made when (the writes since a restore, ReplicaStore+Restore).
+            let marker = "(SELECT max(seq) FROM journal WHERE origin = 'compaction' AND delta IS NULL)"
+            try db.execute(sql: "DELETE FROM journal WHERE seq < \(marker) AND events IS NULL")
             result.journalEntriesDropped = db.changesCount
+            try db.execute(sql: "UPDATE journal SET delta = NULL WHERE seq < \(marker) AND delta IS NOT NULL")
         }
         try pool.writeWithoutTransaction { db in
             if try Int.fetchOne(db, sql: "PRAGMA auto_vacuum") != 2 {
@@ -199,15 +201,7 @@ extension ReplicaStore {
     /// The compaction bookkeeping on disk.
     static func loadCompaction(_ db: Database) throws -> CompactionRecord {
         var record = CompactionRecord()
-        for row in try Row.fetchAll(db, sql: "SELECT replicaID, context, reportedAt FROM seen") {
-            guard let replica = ReplicaID(bigEndianBytes: Array(row[0] as Data)) else {
-                throw BinaryDecodingError.invalid("seen: replica ID")
-            }
-            let context = try CausalContext(blob: Array(row[1] as Data))
-            if let violation = context.limitViolation { throw BinaryDecodingError.invalid("seen: \(violation)") }
-            record.reports[replica] = context
-            record.reportedAt[replica] = UInt64(max(0, row[2] as Int64))
-        }
+        try loadReports(db, into: &record)
         if let row = try Row.fetchOne(db, sql: "SELECT stable, candidate, purgedRecords, lastRunAt FROM compaction") {
             let stable = try CausalContext(blob: Array(row[0] as Data))
             let candidate = try (row[1] as Data?).map { try decodeCandidate(Array($0)) }

@@ -4,13 +4,15 @@ import PeerSyncCRDT
 import Synchronization
 
 /// What a store keeps for compaction at causal stability (docs/ARCHITECTURE.md, "Compaction at
-/// causal stability"): the gossip's reports with the time each last grew here, and the frontier
-/// (the stable context `P` and its waiting candidate). Persisted by migration v5.
+/// causal stability"): every replica's newest signed report, the reports this store signed
+/// itself, and the frontier (the stable context `P` and its waiting candidate). Persisted by
+/// migrations v5 and v6.
 public struct CompactionRecord: Sendable, Equatable {
-    /// What each replica reported having seen (never this replica's own: that is its context).
-    public var reports: [ReplicaID: CausalContext] = [:]
-    /// Wall-clock milliseconds when each report last grew here.
-    public var reportedAt: [ReplicaID: UInt64] = [:]
+    /// The newest signed report of each other replica (checked against the roster before they
+    /// are recorded; never one of this store's own replica IDs).
+    public var reports = SeenReports()
+    /// The last report this store signed, for each replica ID it has written with.
+    public var ownReports: [ReplicaID: SeenReport] = [:]
     /// The stable context and the candidate waiting for its second round.
     public var frontier = CompactionFrontier()
     /// Records purged by this store, in total.
@@ -20,11 +22,27 @@ public struct CompactionRecord: Sendable, Equatable {
 
     public init() {}
 
-    /// The gossip this replica sends: the reports, its own context under its own ID, and `P`.
-    public func gossip(replicaID: ReplicaID, context: CausalContext) -> SeenContexts {
-        var seen = SeenContexts(reports: reports, stable: frontier.stable)
-        seen.record(replicaID, seen: context)
-        return seen
+    /// What each replica reported having seen (not this replica's own: that is its context).
+    public var reportedContexts: [ReplicaID: CausalContext] { reports.contexts }
+
+    /// When the report of `replica` was signed (ms since 1970), if one is held.
+    public func reportedAt(_ replica: ReplicaID) -> UInt64? { reports[replica]?.time }
+
+    /// What this replica gossips: every report held and its own current one.
+    public func gossip(replicaID: ReplicaID) -> [SeenReport] {
+        var all = Array(reports.byReplica.values)
+        if let own = ownReports[replicaID] { all.append(own) }
+        return all
+    }
+
+    /// Whether `report` (of one of this store's replica IDs, `incarnations`) was signed by a
+    /// lost future of this store: not the report it signed last for that replica, and not older
+    /// than it. Only a store put back from a backup meets one: it signed it before the backup
+    /// was restored over it (docs/ARCHITECTURE.md, "Restores").
+    public func isFromLostFuture(_ report: SeenReport, incarnations: Set<ReplicaID>) -> Bool {
+        guard incarnations.contains(report.replica) else { return false }
+        guard let own = ownReports[report.replica] else { return true }
+        return report != own && report.time >= own.time
     }
 }
 
@@ -32,62 +50,85 @@ extension ReplicaStore {
     /// The compaction bookkeeping as this process last loaded or wrote it.
     public var compaction: CompactionRecord { inner.withLock { $0.compaction } }
 
-    /// What this replica gossips now (``CompactionRecord/gossip(replicaID:context:)``).
-    public func seenGossip() -> SeenContexts {
-        inner.withLock { $0.compaction.gossip(replicaID: $0.state.replicaID, context: $0.state.context) }
+    /// What this replica gossips now (``CompactionRecord/gossip(replicaID:)``).
+    public func seenReports() -> [SeenReport] {
+        inner.withLock { $0.compaction.gossip(replicaID: $0.state.replicaID) }
     }
 
-    /// Joins gossip (a peer's `seen` message, or a peer's context from its ack as one report):
-    /// reports grow by union, stamped with `now` (wall-clock ms) when they grew; the peer's
-    /// stable context joins `P`, cut to what this replica has seen (a stable dot is one every
-    /// member has seen; one this replica lacks is not stable here yet). This replica's own ID
-    /// is skipped. Writes only what grew, without an fsync of its own (losing a report to a
-    /// crash only delays compaction). Returns whether anything grew.
+    /// Records peers' signed reports (the caller checked them against the roster): each replaces
+    /// an older one of its replica; older, equal and conflicting ones change nothing. Reports of
+    /// this store's own replica IDs are never recorded; those it did not sign come back in
+    /// ``RecordedReports/fromLostFuture``. Writes only what grew, without an fsync of its own
+    /// (losing a report to a crash only delays compaction).
     @discardableResult
-    public func recordSeen(_ gossip: SeenContexts, now: UInt64) throws(StoreError) -> Bool {
-        try changingCompaction { current, own, context in
+    public func recordSeen(_ incoming: [SeenReport]) throws(StoreError) -> RecordedReports {
+        var outcome = RecordedReports()
+        let incarnations = (try? self.incarnations().map(\.replicaID)).map(Set.init) ?? [replicaID]
+        try changingCompaction { current, own, _ in
             var record = current
-            var grown: [ReplicaID] = []
-            for (replica, report) in gossip.reports where replica != own {
-                let before = record.reports[replica]
-                if let before, before.includes(report) { continue }
-                var joined = before ?? CausalContext()
-                joined.merge(report)
-                record.reports[replica] = joined
-                record.reportedAt[replica] = now
-                grown.append(replica)
+            var grown: [SeenReport] = []
+            for report in incoming {
+                if report.replica == own || incarnations.contains(report.replica) {
+                    if record.isFromLostFuture(report, incarnations: incarnations.union([own])),
+                       !outcome.fromLostFuture.contains(report) {
+                        outcome.fromLostFuture.append(report)
+                    }
+                    continue
+                }
+                if record.reports.record(report) { grown.append(report) }
             }
-            let stable = gossip.stable.intersection(context)
-            let stableGrew = !record.frontier.stable.includes(stable)
-            if stableGrew { record.frontier.merge(CompactionFrontier(stable: stable)) }
-            guard !grown.isEmpty || stableGrew else { return nil }
+            guard !grown.isEmpty else { return nil }
+            outcome.grew = true
             try run { db in
                 let upsert = try db.cachedStatement(sql: """
-                    INSERT INTO seen (replicaID, context, reportedAt) VALUES (?, ?, ?)
-                    ON CONFLICT (replicaID) DO UPDATE SET context = excluded.context, reportedAt = excluded.reportedAt
+                    INSERT INTO seen (replicaID, report) VALUES (?, ?)
+                    ON CONFLICT (replicaID) DO UPDATE SET report = excluded.report
                     """)
-                for replica in grown {
-                    // Another process may have recorded more: join with what is stored.
-                    var context = record.reports[replica]!
-                    if let stored = try Data.fetchOne(db, sql: "SELECT context FROM seen WHERE replicaID = ?",
-                                                      arguments: [Data(replica.bigEndianBytes)]) {
-                        context.merge(try CausalContext(blob: Array(stored)))
+                for report in grown {
+                    // Another process may have recorded a newer one: keep the newer.
+                    let key = Data(report.replica.bigEndianBytes)
+                    if let stored = try Data.fetchOne(db, sql: "SELECT report FROM seen WHERE replicaID = ?", arguments: [key]),
+                       let held = try? SeenReport(bytes: Array(stored)), held.time > report.time {
+                        record.reports.record(held)
+                        continue
                     }
-                    record.reports[replica] = context
-                    try upsert.execute(arguments: [Data(replica.bigEndianBytes), Data(context.encodedBlob()),
-                                                   Int64(clamping: now)])
+                    try upsert.execute(arguments: [key, Data(report.bytes)])
                 }
-                if stableGrew { try Self.saveFrontier(db, &record.frontier) }
             }
             return record
         }
+        return outcome
+    }
+
+    /// Stores a report this store signed (before it is sent, so a crash never lets the store
+    /// sign a second report for the same time and take it later for its lost future's).
+    public func saveOwnReport(_ report: SeenReport) throws(StoreError) {
+        try changingCompaction { current, _, _ in
+            try run { db in
+                try db.execute(sql: """
+                    INSERT INTO ownReport (replicaID, report) VALUES (?, ?)
+                    ON CONFLICT (replicaID) DO UPDATE SET report = excluded.report
+                    """, arguments: [Data(report.replica.bigEndianBytes), Data(report.bytes)])
+            }
+            var record = current
+            record.ownReports[report.replica] = report
+            return record
+        }
+        try flushToDisk()
+    }
+
+    /// Notes that this store recovered from the lost future that signed `report` (it moved its
+    /// writes since the restore): that report, and older ones, are not taken for news again.
+    public func acknowledgeLostFuture(_ report: SeenReport) throws(StoreError) {
+        guard compaction.ownReports[report.replica].map({ $0.time < report.time }) ?? true else { return }
+        try saveOwnReport(report)
     }
 
     /// Drops the reports of replicas for which `keep` is false (removed devices, older
     /// incarnations), so the table stays bounded by the roster.
     public func retainSeen(_ keep: (ReplicaID) -> Bool) throws(StoreError) {
         try changingCompaction { current, _, _ in
-            let gone = current.reports.keys.filter { !keep($0) }
+            let gone = current.reports.byReplica.keys.filter { !keep($0) }
             guard !gone.isEmpty else { return nil }
             try run { db in
                 for replica in gone {
@@ -95,10 +136,7 @@ extension ReplicaStore {
                 }
             }
             var record = current
-            for replica in gone {
-                record.reports[replica] = nil
-                record.reportedAt[replica] = nil
-            }
+            record.reports.retain(keep)
             return record
         }
     }
@@ -137,6 +175,17 @@ extension ReplicaStore {
             }
         } catch {
             throw StoreError.wrap(error, path: path)
+        }
+    }
+
+    /// The reports on disk.
+    static func loadReports(_ db: Database, into record: inout CompactionRecord) throws {
+        for row in try Row.fetchAll(db, sql: "SELECT report FROM seen") {
+            record.reports.record(try SeenReport(bytes: Array(row[0] as Data)))
+        }
+        for row in try Row.fetchAll(db, sql: "SELECT report FROM ownReport") {
+            let report = try SeenReport(bytes: Array(row[0] as Data))
+            record.ownReports[report.replica] = report
         }
     }
 }

@@ -35,7 +35,7 @@ extension ReplicaStore {
     /// every record of the deltas).
     func persist(
         _ db: Database, state: ReplicaState, deltas: [RecordMap], rows only: Set<RecordKey>?, localBefore: [String: FieldValue],
-        conflicts: [ConflictEntry], origin: String, position: inout Int64
+        conflicts: [ConflictEntry], origin: String, localEvents: CausalContext? = nil, position: inout Int64
     ) throws {
         if !deltas.isEmpty {
             let rows = try RecordRowWriter(db)
@@ -71,9 +71,9 @@ extension ReplicaStore {
             // writing them twice would double the cost of a catch-up, and readers rarely need them.
             let journaled: RecordMap? = records > Self.largestJournaledRecords ? nil
                 : deltas.count == 1 ? deltas[0] : deltas.reduce(into: RecordMap.empty()) { $0.merge($1) }
-            try db.cachedStatement(sql: "INSERT INTO journal (committedAt, origin, summary, delta) VALUES (?, ?, ?, ?)").execute(arguments: [
+            try db.cachedStatement(sql: "INSERT INTO journal (committedAt, origin, summary, delta, events) VALUES (?, ?, ?, ?, ?)").execute(arguments: [
                 Int64(clamping: physicalClock()), origin, journaled.map(Self.summary(of:)) ?? "\(records) records",
-                journaled.map { Data($0.encoded()) },
+                journaled.map { Data($0.encoded()) }, localEvents.flatMap { $0.isEmpty ? nil : Data($0.encodedBlob()) },
             ])
             position = db.lastInsertedRowID
             // Retention, whichever process commits: each entry whose number is a multiple of

@@ -70,14 +70,16 @@ extension ReplicaStore {
     /// `records`: how many records the change joins, when known beforehand (remote deltas);
     /// a large change then runs beside readers (``largeChange(_:heldRecords:)``).
     /// `rows`: given the body's result, the records whose rows to write (nil: every record of
-    /// the deltas).
+    /// the deltas). `localEvents`: given the body's result, the dots of the change's own (local)
+    /// events, journaled beside it (`journal.events`, migration v6); nil for none.
     func transaction<T: Sendable>(
         origin: String, deltasChecked: Bool = false, records: Int? = nil, rows: (T) -> Set<RecordKey>? = { _ in nil },
+        localEvents: (T) -> CausalContext? = { _ in nil },
         _ body: (inout ReplicaState) throws -> (T, [RecordMap])
     ) throws -> T {
         let result = try writer.withLock { _ in
             let change = { (state: inout ReplicaState, position: inout Int64, absorbed: inout [StoreChange]) in
-                try self.commit(origin: origin, deltasChecked: deltasChecked, rows: rows, body, on: &state,
+                try self.commit(origin: origin, deltasChecked: deltasChecked, rows: rows, localEvents: localEvents, body, on: &state,
                                 position: &position, absorbed: &absorbed)
             }
             if let records, Self.largeChange(records, heldRecords: inner.withLock { $0.state.records.recordCount }) {
@@ -120,7 +122,8 @@ extension ReplicaStore {
     /// Runs `body` in one SQLite transaction on `state`: joins other processes' commits,
     /// applies it, checks limits, persists. On a throw, `state` may hold part of it.
     private func commit<T>(
-        origin: String, deltasChecked: Bool, rows: (T) -> Set<RecordKey>?, _ body: (inout ReplicaState) throws -> (T, [RecordMap]),
+        origin: String, deltasChecked: Bool, rows: (T) -> Set<RecordKey>?, localEvents: (T) -> CausalContext?,
+        _ body: (inout ReplicaState) throws -> (T, [RecordMap]),
         on state: inout ReplicaState, position: inout Int64, absorbed: inout [StoreChange]
     ) throws -> Committed<T> {
         try run { db in
@@ -133,7 +136,7 @@ extension ReplicaStore {
             let newConflicts = state.conflicts.entries.suffix(min(state.conflicts.totalRecorded - conflictsBefore,
                                                                   state.conflicts.entries.count))
             try persist(db, state: state, deltas: deltas, rows: rows(result), localBefore: localBefore,
-                        conflicts: Array(newConflicts), origin: origin, position: &position)
+                        conflicts: Array(newConflicts), origin: origin, localEvents: localEvents(result), position: &position)
             if let hook = insideTransaction.withLock({ $0 }) { hook() }
             return Committed(result: result, deltas: deltas)
         }

@@ -241,7 +241,7 @@ public final class ReplicaStore: Sendable {
     ///   written in every case.
     @discardableResult
     public func write(_ body: (inout ReplicaState) throws -> RecordMap?) throws -> RecordMap? {
-        try transaction(origin: "local") { state in
+        try transaction(origin: "local", localEvents: { $0?.context }) { state in
             let delta = try body(&state)
             return (delta, delta.map { [$0] } ?? [])
         }

@@ -93,6 +93,9 @@ struct JournalRow: Codable, FetchableRecord, MutablePersistableRecord {
     var origin: String
     var summary: String
     var delta: Data?
+    /// For a commit with local events: their dots (a context blob). Compaction may drop `delta`
+    /// but keeps this (migration v6).
+    var events: Data? = nil
 
     mutating func didInsert(_ inserted: InsertionSuccess) {
         seq = inserted.rowID

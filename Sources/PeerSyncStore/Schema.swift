@@ -10,8 +10,9 @@ import GRDB
 /// conflict      the conflict log (bounded); `resolved` marks entries an app settled (v2)
 /// journal       every committed change as a delta blob, for other processes and `peersync log`
 /// incarnation   every replica ID this store has written with, and why it changed
-/// seen          compaction gossip: what each replica reported having seen, and when (v5)
+/// seen          compaction gossip: each replica's newest *signed* report (v5; signed since v6)
 /// compaction    one row: the stable context, the frontier's waiting candidate, totals (v5)
+/// ownReport     the last report this store signed, per replica ID it has written with (v6)
 /// ```
 enum Schema {
     static let migrator: DatabaseMigrator = {
@@ -97,6 +98,25 @@ enum Schema {
                 t.column("purgedRecords", .integer).notNull().defaults(to: 0)
                 t.column("lastRunAt", .integer)
             }
+        }
+        // Signed compaction reports (issue 32) and restores (issue 29). A report counts only if
+        // the device that claims its replica signed it: the unsigned reports of v5 are dropped
+        // (compaction waits until every device has signed one). `ownReport`: the last report
+        // this store signed for each of its incarnations — one in circulation that it did not
+        // sign was signed by its lost future (the store was put back from a backup).
+        // `journal.events`: the dots of a local commit's own events, kept when compaction drops
+        // the delta, so the writes made since a restore can be told from older ones by time.
+        migrator.registerMigration("2026-11-27 v6: signed reports, own reports, journal events") { db in
+            try db.drop(table: "seen")
+            try db.create(table: "seen", options: .withoutRowID) { t in
+                t.column("replicaID", .blob).primaryKey()
+                t.column("report", .blob).notNull()
+            }
+            try db.create(table: "ownReport", options: .withoutRowID) { t in
+                t.column("replicaID", .blob).primaryKey()
+                t.column("report", .blob).notNull()
+            }
+            try db.alter(table: JournalRow.databaseTableName) { t in t.add(column: "events", .blob) }
         }
         return migrator
     }()

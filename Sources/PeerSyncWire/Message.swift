@@ -24,6 +24,9 @@ public enum CloseReason: UInt64, Sendable, Equatable, CustomStringConvertible {
     /// A delta or chunk names a replica ID (in a dot or its context) that no device of the
     /// receiver's roster claims, counting the claims it carries itself.
     case unclaimedReplica = 14
+    /// A compaction report (`seen`, §19) that no honest peer sends: not signed by the device it
+    /// names, for another group, or a device reporting for a replica another device claims.
+    case forgedReport = 15
     case other = 99
 
     public var description: String {
@@ -43,6 +46,7 @@ public enum CloseReason: UInt64, Sendable, Equatable, CustomStringConvertible {
         case .notAdmitted: "not admitted to the group"
         case .deviceRemoved: "this device was removed from the group"
         case .unclaimedReplica: "writes by a replica no device of the group claims"
+        case .forgedReport: "a forged compaction report"
         case .other: "other"
         }
     }
@@ -56,13 +60,18 @@ public struct HelloFeatures: OptionSet, Sendable, Hashable {
 
     /// Serves and reads attachment messages (types 13–15, docs/PROTOCOL.md "Attachments").
     public static let attachments = HelloFeatures(rawValue: 1 << 0)
-    /// Sends and reads the compaction gossip (`seen`, type 16, docs/PROTOCOL.md §19).
-    public static let seenGossip = HelloFeatures(rawValue: 1 << 1)
+    /// Sent and read the unsigned compaction gossip of the previous version (`seen` format 01).
+    /// No longer announced or honoured: an unsigned report could make a node forget (issue 32).
+    public static let unsignedSeenGossip = HelloFeatures(rawValue: 1 << 1)
     /// Reads catch-up chunks whose delta is deflated (chunk field 5, docs/PROTOCOL.md §5.2).
     public static let deflatedChunks = HelloFeatures(rawValue: 1 << 2)
     /// Reads event-form deltas whose counter is relative to the writer's previous event (form
     /// 02, docs/PROTOCOL.md §7.3).
     public static let eventCounters = HelloFeatures(rawValue: 1 << 3)
+    /// Sends and reads the compaction gossip of signed reports (`seen` format 02, type 16,
+    /// docs/PROTOCOL.md §19), complete catch-up rounds (chunk field 6, §6.5) and the auth's
+    /// `lostSince` (§6.9).
+    public static let signedReports = HelloFeatures(rawValue: 1 << 4)
 }
 
 /// The first message each side sends.
@@ -110,8 +119,10 @@ public enum Message: Sendable, Equatable {
     case hello(Hello)
     /// Part `index` of `count` of the catch-up; the last chunk's delta carries the sender's context.
     /// `delta` is always the delta itself: decoding inflates a deflated one, and
-    /// ``encodedFrame(deflatingChunk:)`` deflates it on the way out.
-    case chunk(index: UInt64, count: UInt64, records: UInt64, delta: [UInt8])
+    /// ``encodedFrame(deflatingChunk:)`` deflates it on the way out. `stable` (first chunk only):
+    /// the round is *complete* — every record the sender holds — because the receiver's hello
+    /// lacked part of the stable context the sender compacted with, which this is (§6.5).
+    case chunk(index: UInt64, count: UInt64, records: UInt64, delta: [UInt8], stable: CausalContext? = nil)
     case delta([UInt8])
     /// The receiver's context after applying what it got, and (if known) the replicas it has an
     /// established session with — a peer then does not forward it deltas those replicas send it
@@ -128,7 +139,10 @@ public enum Message: Sendable, Equatable {
     case breakdown(StateDigest, DigestBreakdown)
     /// Proof that the sender holds the device key of its hello: a signature over both hellos'
     /// nonces (docs/PROTOCOL.md §4).
-    case auth(signature: [UInt8])
+    /// `lostSince`: the sender knows writes in the receiver's name beyond what the receiver's
+    /// hello holds (it was restored from an older copy, §6.9), the newest of them or of the
+    /// reports signed for that replica made at this time (ms since 1970).
+    case auth(signature: [UInt8], lostSince: UInt64? = nil)
     /// A device not yet on the receiver's roster presents the roster entry that admits it (an
     /// enrol with its invite token, or a legacy enrol).
     case join(entry: [UInt8])
@@ -177,7 +191,7 @@ public enum Message: Sendable, Equatable {
             if let key = h.deviceKey { w.bytes(9, key) }
             if let nonce = h.nonce { w.bytes(10, nonce) }
             if !h.features.isEmpty { w.varint(11, h.features.rawValue) }
-        case .chunk(let index, let count, let records, let delta):
+        case .chunk(let index, let count, let records, let delta, let stable):
             w.varint(1, index)
             w.varint(2, count)
             w.varint(3, records)
@@ -187,6 +201,7 @@ public enum Message: Sendable, Equatable {
             } else {
                 w.bytes(4, delta)
             }
+            if let stable { w.bytes(6, stable.encodedBlob()) }
         case .delta(let delta):
             return delta  // the body is the delta itself: the smallest frame for the most frequent message
         case .ack(let context, let neighbors, let incremental):
@@ -216,8 +231,9 @@ public enum Message: Sendable, Equatable {
                 writers += id.bigEndianBytes + ReplicaID(high: d.high, low: d.low).bigEndianBytes
             }
             w.bytes(3, writers)
-        case .auth(let signature):
+        case .auth(let signature, let lostSince):
             w.bytes(1, signature)
+            if let lostSince { w.varint(2, lostSince) }
         case .join(let entry):
             w.bytes(1, entry)
         }
@@ -266,7 +282,15 @@ public enum Message: Sendable, Equatable {
             guard records <= UInt64(delta.count) else {
                 throw .malformed(message: "chunk", detail: "\(records) records in a delta of \(delta.count) bytes")
             }
-            return .chunk(index: index, count: count, records: records, delta: delta)
+            var stable: CausalContext?
+            if let blob = f.blobs[6] {
+                guard index == 0 else { throw .malformed(message: "chunk", detail: "a stable context on chunk \(index), not the first") }
+                do { stable = try CausalContext(blob: blob) } catch {
+                    throw .malformed(message: "chunk", detail: "stable context: \(error)")
+                }
+                if let violation = stable?.limitViolation { throw .malformed(message: "chunk", detail: "stable context: \(violation)") }
+            }
+            return .chunk(index: index, count: count, records: records, delta: delta, stable: stable)
         case .ack:
             let context: CausalContext
             do { context = try CausalContext(blob: try f.bytes(1, "context")) } catch let error as WireError { throw error } catch {
@@ -316,7 +340,7 @@ public enum Message: Sendable, Equatable {
         case .auth:
             let signature = try f.bytes(1, "signature")
             guard signature.count == 64 else { throw .malformed(message: "auth", detail: "a signature has 64 bytes, got \(signature.count)") }
-            return .auth(signature: signature)
+            return .auth(signature: signature, lostSince: f.varints[2])
         case .join:
             let entry = try f.bytes(1, "entry")
             guard entry.count <= 262_144 else { throw .malformed(message: "join", detail: "entry of \(entry.count) bytes") }

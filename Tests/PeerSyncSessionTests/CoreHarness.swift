@@ -21,8 +21,12 @@ struct CoreNode {
     var failNextCommit = false
     /// Attachment file work the core asked for (tests answer it themselves).
     var attachmentIO: [AttachmentIO] = []
-    /// Compaction gossip this node's "storage" joined (reports of others; nil: it keeps none).
-    var seen: SeenContexts?
+    /// Compaction reports this node's "storage" recorded (others'; nil: it keeps none).
+    var seen: SeenReports?
+    /// The last report this node signed and "stored".
+    var ownReport: SeenReport?
+    /// Deletes that complete rounds made (records the peer's group purged).
+    var completeRoundDeletes: [RecordMap] = []
     /// The latest instant this node was driven at (opening sessions, commits).
     var lastNow: MonotonicInstant?
 
@@ -32,7 +36,7 @@ struct CoreNode {
     /// Node `name` ("a"…"f") of ``group``; `group: nil` makes a device of no group's roster.
     init(_ name: String, maxFrameBytes: Int = WireLimits.defaultMaxFrameBytes, timing: SyncTiming = .sendingAtOnce,
          outboxDeltaBytes: Int? = nil, transfer: TransferMode = .deltas, identity: LocalIdentity? = nil,
-         attachments: Bool = false, seenGossip: Bool = false, deflateChunks: Bool = true) {
+         attachments: Bool = false, signedReports: Bool = false, deflateChunks: Bool = true) {
         state = ReplicaState(name: name)
         let member = Self.group.names.firstIndex(of: name) ?? 0
         let identity = identity ?? Self.group.identity(member)
@@ -46,20 +50,26 @@ struct CoreNode {
         var limits = SyncLimits()
         limits.maxFrameBytes = maxFrameBytes
         if let outboxDeltaBytes { limits.outboxDeltaBytes = outboxDeltaBytes }
-        seen = seenGossip ? SeenContexts() : nil
+        seen = signedReports ? SeenReports() : nil
         core = ReplicationCore(settings: .init(localReplica: state.replicaID, name: name, timing: timing, limits: limits,
                                                transfer: transfer, identity: identity, attachments: attachments,
-                                               seenGossip: seenGossip, deflateChunks: deflateChunks),
+                                               signedReports: signedReports, deflateChunks: deflateChunks),
                                roster: state.roster(of: identity.groupID))
     }
 
     var replicaID: ReplicaID { state.replicaID }
 
-    /// What this node gossips: what it joined, and its own context.
-    var gossip: SeenContexts? {
-        guard var known = seen else { return nil }
-        known.record(replicaID, seen: state.context)
-        return known
+    /// What this node gossips: the reports it recorded, and its own last one.
+    var gossip: [SeenReport]? {
+        guard let known = seen else { return nil }
+        return Array(known.byReplica.values) + (ownReport.map { [$0] } ?? [])
+    }
+
+    /// The node's timer, and its own report signed if due (as the Replicator's tick does).
+    mutating func tick(now: MonotonicInstant) {
+        lastNow = now
+        handle(core.tick(now: now))
+        handle(core.refreshOwnReport(state: state, wallClock: HybridLogicalClock.wallClock()))
     }
 
     mutating func handle(_ actions: [ReplicationCore.Action]) {
@@ -79,14 +89,15 @@ struct CoreNode {
                                            state: state))
             case .attachmentIO(let io):
                 attachmentIO.append(io)
-            case .recordSeen(let gossip):
+            case .recordSeen(let reports):
                 guard var known = seen else { break }
-                let before = known
-                var others = gossip
-                others.retain { $0 != replicaID }
-                known.merge(others)
+                var grew = false
+                for report in reports where report.replica != replicaID { grew = known.record(report) || grew }
                 seen = known
-                if known != before { handle(core.gossipChanged(now: lastNow ?? ContinuousClock.now)) }
+                if grew { handle(core.gossipChanged(now: lastNow ?? ContinuousClock.now)) }
+            case .saveOwnReport(let report):
+                ownReport = report
+                handle(core.ownReportSaved(report, now: lastNow ?? ContinuousClock.now))
             }
         }
     }
@@ -112,7 +123,18 @@ struct CoreNode {
             }
             committedBatches.append(request.deltas)
             let outcomes = request.deltas.map { state.apply($0) }
+            // As the store does for complete rounds: delete what the peer's group purged.
+            var local: RecordMap?
+            for round in request.completing {
+                for key in state.records.recordsPurgedElsewhere(completeKeys: round.keys, stable: round.stable) {
+                    if let delete = state.delete(key) { local = local.map { $0.merged(with: delete) } ?? delete }
+                }
+            }
             handle(core.committed(request.id, outcomes: outcomes, state: state, now: now))
+            if let local {
+                completeRoundDeletes.append(local)
+                handle(core.broadcast(local, state: state, now: now))
+            }
             // As the Replicator does: a commit that touched the roster refreshes the core's.
             if request.deltas.contains(where: \.touchesRoster) {
                 handle(core.updateRoster(state.roster(of: core.settings.identity.groupID), identity: core.settings.identity, now: now))

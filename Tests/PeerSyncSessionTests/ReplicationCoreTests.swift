@@ -1066,7 +1066,7 @@ struct DivergenceTests {
         var again = CoreLink.connect(&a, &b, now: t0)
         try again.settle(&a, &b, now: t0)
         #expect(a.events.contains { event in
-            if case .restoredStoreDetected(_, let replica, let known, 0) = event { return replica == a.replicaID && known >= 3 }
+            if case .restoredStoreDetected(_, let replica, let known, 0, _) = event { return replica == a.replicaID && known >= 3 }
             return false
         })
         #expect(again.framesToB.messages().contains { if case .error(.replicaRestored, _) = $0 { true } else { false } })

@@ -134,33 +134,36 @@ struct CompactionStoreTests {
         try check.close()
     }
 
-    @Test("gossip reports and P persist across reopening; reports only grow; our own ID and unseen stable dots are not taken")
+    @Test("signed reports and own reports persist across reopening; the newest per replica wins; a report of our own replica we did not sign is our lost future's")
     func gossipPersists() throws {
         let dir = try makeTemporaryDirectory()
         defer { removeTemporaryDirectory(dir) }
         let store = try ReplicaStore.create(directory: dir, name: "n")
         _ = try writeLocations(store, count: 3)
         let peer = testReplica(3)
+        func report(_ replica: ReplicaID, time: UInt64, _ context: CausalContext, signature: UInt8 = 1) -> SeenReport {
+            SeenReport(groupID: Array(repeating: 1, count: 16), device: Array(repeating: 2, count: 20), replica: replica, time: time,
+                       context: context, signature: Array(repeating: signature, count: 64))
+        }
         let peerSeen = CausalContext(versionVector: [peer: 5, store.replicaID: 2])
-        var gossip = SeenContexts()
-        gossip.record(peer, seen: peerSeen)
-        gossip.record(store.replicaID, seen: CausalContext(versionVector: [store.replicaID: 1]))
-        // Stable: our dots 1...2 (seen here) and a dot of a replica we never heard of (not taken).
-        gossip.recordStable(CausalContext(versionVector: [store.replicaID: 2, testReplica(4): 9]))
-        #expect(try store.recordSeen(gossip, now: 1_000))
-        #expect(try !store.recordSeen(gossip, now: 2_000))  // nothing new
-        var smaller = SeenContexts()
-        smaller.record(peer, seen: CausalContext(versionVector: [peer: 3]))
-        #expect(try !store.recordSeen(smaller, now: 3_000))
+        #expect(try store.recordSeen([report(peer, time: 1_000, peerSeen)]).grew)
+        #expect(try !store.recordSeen([report(peer, time: 1_000, peerSeen)]).grew)  // nothing new
+        #expect(try !store.recordSeen([report(peer, time: 900, CausalContext(versionVector: [peer: 9]))]).grew)  // older
+        let own = report(store.replicaID, time: 2_000, store.state.context)
+        try store.saveOwnReport(own)
+        // Our own report coming back changes nothing; one we did not sign is our lost future's.
+        #expect(try store.recordSeen([own]) == RecordedReports())
+        let lost = report(store.replicaID, time: 2_500, CausalContext(versionVector: [store.replicaID: 9]), signature: 3)
+        #expect(try store.recordSeen([lost]).fromLostFuture == [lost])
+        #expect(try store.recordSeen([report(store.replicaID, time: 1_500, CausalContext(), signature: 4)]).fromLostFuture.isEmpty,
+                "older than the last report we signed: ours, relayed late")
 
         let reopened = try ReplicaStore.open(directory: dir)
         let record = reopened.compaction
-        #expect(record.reports == [peer: peerSeen])
-        #expect(record.reportedAt[peer] == 1_000)
-        #expect(record.frontier.stable == CausalContext(versionVector: [store.replicaID: 2]))
-        let sent = reopened.seenGossip()
-        #expect(sent.reports[reopened.replicaID] == reopened.state.context)
-        #expect(sent.reports[peer] == peerSeen)
+        #expect(record.reportedContexts == [peer: peerSeen])
+        #expect(record.reportedAt(peer) == 1_000)
+        #expect(record.ownReports[reopened.replicaID] == own)
+        #expect(Set(reopened.seenReports()) == [report(peer, time: 1_000, peerSeen), own])
 
         try reopened.retainSeen { $0 != peer }
         #expect(try ReplicaStore.open(directory: dir).compaction.reports.isEmpty)

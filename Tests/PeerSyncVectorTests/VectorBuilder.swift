@@ -47,35 +47,79 @@ struct VectorBuilder {
 
     // MARK: seen (compaction gossip, PROTOCOL §19)
 
-    func seen() -> JSON {
-        func sample(_ name: String, _ reports: [ReplicaID: CausalContext], _ stable: CausalContext) -> JSON {
-            let value = SeenContexts(reports: reports, stable: stable)
-            var reportsJSON: JSON = [:]
-            for (replica, context) in reports { reportsJSON[replicaHex(replica)] = contextJSON(context) }
-            return ["name": name, "reports": reportsJSON, "stable": contextJSON(stable),
-                    "body": hex(value.encodedBlob()), "frame": hex(SeenMessage.encodedFrame(value))]
+    /// The roster the seen vectors are checked against: A creates the group and claims replica
+    /// a; A adds B, which claims b. Stored entries are kept while they decode (their signatures
+    /// are randomized; the group ID is the genesis entry's ID).
+    func seenRoster() -> [RosterEntry] {
+        if let stored = existing["seen.json"]?["roster"] as? [String],
+           let entries = try? stored.map({ try RosterEntry(bytes: unhex($0)) }), entries.count == 4 {
+            return entries
         }
-        var gap = CausalContext(versionVector: [Fixed.b: 2])
-        gap.insert(Dot(replica: Fixed.b, counter: 5))
-        let one = CausalContext(versionVector: [Fixed.a: 4]).encodedBlob()
-        func report(_ replica: ReplicaID) -> [UInt8] { replica.bigEndianBytes + varint(UInt64(one.count)) + one }
+        let genesis = try! RosterEntry.genesis(groupName: "vectors", creatorName: "A", timestamp: Fixed.ts(1), creator: Fixed.keyA)
+        var entries = [genesis]
+        func sign(_ payload: RosterPayload, _ key: DeviceKey, _ offset: UInt64) {
+            let roster = Roster(groupID: genesis.groupID, entries: entries)
+            entries.append(try! RosterEntry.make(payload, context: roster.context(for: key.deviceID, at: Fixed.ts(offset)), signer: key))
+        }
+        sign(.writer(Fixed.a), Fixed.keyA, 2)
+        sign(.add(device: Fixed.keyB.publicKey, name: "B", role: .member), Fixed.keyA, 3)
+        sign(.writer(Fixed.b), Fixed.keyB, 4)
+        return entries
+    }
+
+    func seen() -> JSON {
+        let roster = seenRoster()
+        let group = roster[0].groupID
+        let stored = ((existing["seen.json"]?["reports"] as? [JSON]) ?? [])
+        /// A report signed by `key`, naming `device`; the stored one with this name if it still
+        /// verifies for the same body.
+        func report(_ name: String, by key: DeviceKey, device: DeviceKey? = nil, group: GroupID, replica: ReplicaID, time: UInt64,
+                    _ context: CausalContext) -> SeenReport {
+            let device = (device ?? key).deviceID.bytes
+            let body = SeenReport.body(groupID: group.bytes, device: device, replica: replica, time: time, context: context)
+            if let old = stored.first(where: { ($0["name"] as? String) == name }).flatMap({ try? SeenReport(bytes: unhex($0["report"])) }),
+               old.body == body, key.publicKey.isValidSignature(old.signature, for: SeenReport.signingDomain + body) {
+                return old
+            }
+            return SeenReport(groupID: group.bytes, device: device, replica: replica, time: time, context: context,
+                              signature: key.signature(for: SeenReport.signingDomain + body))
+        }
+        let seenA = CausalContext(versionVector: [Fixed.a: 4, Fixed.b: 1])
+        let valid = report("valid", by: Fixed.keyA, group: group, replica: Fixed.a, time: Fixed.t0 + 1_000, seenA)
+        let validB = report("valid, device B", by: Fixed.keyB, group: group, replica: Fixed.b, time: Fixed.t0 + 900,
+                            CausalContext(versionVector: [Fixed.a: 2, Fixed.b: 3]))
+        let cases: [(String, SeenReport, String)] = [
+            ("valid", valid, "valid"),
+            ("valid, device B", validB, "valid"),
+            ("forged signer: names device A, signed by B's key", report("forged signer: names device A, signed by B's key", by: Fixed.keyB,
+                device: Fixed.keyA, group: group, replica: Fixed.a, time: Fixed.t0 + 2_000, seenA), "forged"),
+            ("another group", report("another group", by: Fixed.keyA, group: Fixed.group, replica: Fixed.a, time: Fixed.t0 + 2_000, seenA),
+             "forged"),
+            ("device B reports for replica a, which A claims", report("device B reports for replica a, which A claims", by: Fixed.keyB,
+                group: group, replica: Fixed.a, time: Fixed.t0 + 2_000, seenA), "forged"),
+            ("replayed older sequence (after valid)", report("replayed older sequence (after valid)", by: Fixed.keyA, group: group,
+                replica: Fixed.a, time: Fixed.t0 + 500, CausalContext(versionVector: [Fixed.a: 9])), "older"),
+        ]
+        let body = SeenMessage.encodedBody([valid, validB])
+        let one = valid.bytes
+        func entry(_ bytes: [UInt8]) -> [UInt8] { varint(UInt64(bytes.count)) + bytes }
         return [
             "kind": "seen",
-            "description": "The seen message (frame type 16): body = 0x01 varint(#reports) (replicaID varint(len) context-blob)… varint(len) stable-context-blob, replica IDs strictly ascending. Invalid bodies close the session with reason 5 (malformed).",
-            "valid": [
-                sample("nothing seen yet (no reports, empty stable context)", [:], CausalContext()),
-                sample("two reports and a stable context", [Fixed.a: CausalContext(versionVector: [Fixed.a: 4, Fixed.b: 1]), Fixed.b: gap],
-                       CausalContext(versionVector: [Fixed.a: 3])),
-            ] as [JSON],
+            "description": "Signed compaction reports (PROTOCOL §19). report = body ‖ signature; body = 01 ‖ group ID (16) ‖ device ID (20) ‖ replica ID (16) ‖ varint(time) ‖ varint(len) context-blob; signature = ECDSA P-256 SHA-256, low-S, by the device's key over \"peersync seen report v1\" 00 ‖ body. The roster (entries in hex, in order: genesis by A, A's writer claim on replica a, A adds B, B's claim on b) decides: a report counts if its group is the roster's, the key of the device it names verifies the signature, and that device claims the replica; else it is forged (the session closes with reason 15). 'older': a report with an earlier time than the one held for its replica (here: after 'valid') changes nothing. ECDSA is randomized: check that signatures verify, not that you produce the same bytes. seen message body = 02 ‖ varint(n) ‖ n × (varint(len) report), replica IDs strictly ascending; invalid bodies close the session with reason 5.",
+            "roster": roster.map { hex($0.bytes) },
+            "reports": cases.map { name, report, verdict -> JSON in
+                ["name": name, "verdict": verdict, "device": hex(report.device), "groupID": hex(report.groupID), "replica": replicaHex(report.replica),
+                 "time": Int(report.time), "context": contextJSON(report.context), "body": hex(report.body), "report": hex(report.bytes)]
+            },
+            "message": ["reports": ["valid", "valid, device B"], "body": hex(body), "frame": hex(SeenMessage.encodedFrame([valid, validB]))] as JSON,
             "invalid": [
                 ["name": "empty body", "hex": ""],
-                ["name": "version byte 2", "hex": hex([2, 0, 0])],
-                ["name": "replica IDs not ascending", "hex": hex([1, 2] + report(Fixed.b) + report(Fixed.a) + [0])],
-                ["name": "the same replica twice", "hex": hex([1, 2] + report(Fixed.a) + report(Fixed.a) + [0])],
-                ["name": "10,001 reports announced", "hex": hex([1] + varint(10_001) + [0])],
-                ["name": "stable context missing", "hex": hex([1, 1] + report(Fixed.a))],
-                ["name": "context length past the body", "hex": hex([1, 0, 9, 0])],
-                ["name": "a trailing byte", "hex": hex(SeenContexts().encodedBlob() + [0])],
+                ["name": "format 01 (unsigned reports of the previous version)", "hex": hex([1, 0, 0])],
+                ["name": "replica IDs not ascending", "hex": hex([2, 2] + entry(validB.bytes) + entry(one))],
+                ["name": "the same replica twice", "hex": hex([2, 2] + entry(one) + entry(one))],
+                ["name": "10,001 reports announced", "hex": hex([2] + varint(10_001))],
+                ["name": "a report cut short", "hex": hex([2, 1] + entry(Array(one.dropLast())))],
+                ["name": "a trailing byte", "hex": hex(body + [0])],
             ] as [JSON],
         ]
     }

@@ -147,17 +147,40 @@ struct VectorTests {
         }
     }
 
-    @Test("seen (compaction gossip): bodies and frames both ways, refusals")
+    @Test("seen (compaction gossip): signed reports judged against the roster, message bodies, refusals")
     func seen() throws {
         let file = try VectorFiles.load("seen.json")
-        for v in file["valid"] as! [JSON] {
-            var reports: [ReplicaID: CausalContext] = [:]
-            for (replica, context) in v["reports"] as! JSON { reports[ReplicaID(hex: replica)!] = parseContext(context) }
-            let value = SeenContexts(reports: reports, stable: parseContext(v["stable"]))
-            #expect(hex(value.encodedBlob()) == v["body"] as! String, "\(v["name"]!)")
-            #expect(hex(SeenMessage.encodedFrame(value)) == v["frame"] as! String, "\(v["name"]!)")
-            #expect(try SeenMessage.decode(body: unhex(v["body"])) == value, "\(v["name"]!)")
+        let entries = try #require(file["roster"] as? [String]).map { try RosterEntry(bytes: unhex($0)) }
+        let roster = Roster(groupID: entries[0].groupID, entries: entries)
+        #expect(roster.claimant(of: Fixed.a) == Fixed.keyA.deviceID && roster.claimant(of: Fixed.b) == Fixed.keyB.deviceID)
+        var held = SeenReports()
+        var byName: [String: SeenReport] = [:]
+        for v in file["reports"] as! [JSON] {
+            let name = v["name"] as! String
+            let report = try SeenReport(bytes: unhex(v["report"]))
+            byName[name] = report
+            #expect(hex(report.body) == v["body"] as! String, "\(name)")
+            #expect(report.replica == replica(v["replica"]) && report.time == u64(v["time"]) && report.context == parseContext(v["context"]))
+            #expect(hex(report.device) == v["device"] as! String && hex(report.groupID) == v["groupID"] as! String)
+            let verdict = report.verdict(in: roster)
+            switch v["verdict"] as! String {
+            case "valid":
+                #expect(verdict == .valid, "\(name): \(verdict)")
+                held.record(report)
+            case "forged":
+                guard case .forged = verdict else { Issue.record("\(name): \(verdict)"); continue }
+            case "older":
+                #expect(verdict == .valid, "\(name): its signature is good")
+                #expect(held.offer(report) == .older, "\(name)")
+            default:
+                Issue.record("unknown verdict in \(name)")
+            }
         }
+        let message = file["message"] as! JSON
+        let reports = (message["reports"] as! [String]).map { byName[$0]! }
+        #expect(hex(SeenMessage.encodedBody(reports)) == message["body"] as! String)
+        #expect(hex(SeenMessage.encodedFrame(reports)) == message["frame"] as! String)
+        #expect(try SeenMessage.decode(body: unhex(message["body"])) == reports)
         for v in file["invalid"] as! [JSON] {
             #expect(throws: WireError.self, "\(v["name"]!)") { try SeenMessage.decode(body: unhex(v["hex"])) }
         }

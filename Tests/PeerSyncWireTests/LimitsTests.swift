@@ -183,7 +183,7 @@ struct WireLimitsTests {
         var splitter = FrameSplitter()
         splitter.append(frame)
         let (type, body) = try #require(try splitter.next())
-        guard case .chunk(_, _, let count, let delta) = try Message.decode(type: type, body: body) else {
+        guard case .chunk(_, _, let count, let delta, _) = try Message.decode(type: type, body: body) else {
             Issue.record("not a chunk")
             return
         }

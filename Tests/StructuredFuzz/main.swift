@@ -406,7 +406,7 @@ struct Session {
             case .hello(let h): check(h.context.limitViolation != nil, "hello: refused a valid context (\(error))")
             case .ack(let context, let neighbors, _):
                 check(context.limitViolation != nil || (neighbors?.count ?? 0) > 4_096, "ack: refused a valid one (\(error))")
-            case .chunk(let index, let count, let records, let body):
+            case .chunk(let index, let count, let records, let body, _):
                 check(!(index < count && count <= WireLimits.maxChunksPerRound && records <= UInt64(body.count)),
                       "chunk: refused a valid header (\(error))")
             default: check(false, "refused \(message.kind): \(error)")
@@ -425,7 +425,7 @@ struct Session {
             check((neighbors?.count ?? 0) <= 4_096, "ack: too many neighbours")
             exercise(context)
             return true
-        case .chunk(let index, let count, let records, let body):
+        case .chunk(let index, let count, let records, let body, _):
             check(index < count && count <= WireLimits.maxChunksPerRound && records <= UInt64(body.count), "chunk header out of bounds")
             _ = (Int(index) + 1, Int(count), Int(records))  // the session layer's conversions
             payload = body

@@ -13,7 +13,7 @@ public func fuzzWireDecoders(_ data: UnsafeRawPointer, _ size: Int) -> CInt {
     while let frame = try? splitter.next() {
         guard let message = try? Message.decode(type: frame.type, body: frame.body) else { continue }
         switch message {
-        case .delta(let payload), .chunk(_, _, _, let payload):
+        case .delta(let payload), .chunk(_, _, _, let payload, _):
             if let delta = try? WireDelta.decode(payload, with: dictionary) {
                 // Whatever decodes must be a state the join laws hold on.
                 precondition(delta.merged(with: delta) == delta, "decoded delta is not idempotent")

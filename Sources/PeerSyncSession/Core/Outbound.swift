@@ -11,6 +11,8 @@ struct OutboundQueue {
     var hello: Hello?
     /// This side's auth signature, once the peer's hello arrived.
     var auth: [UInt8]?
+    /// Sent with the auth: the peer's store was restored (PROTOCOL §6.9).
+    var authLostSince: UInt64?
     /// The entry that admits this device, for its inviter (a joiner's first message after auth).
     var join: [UInt8]?
     var pong: UInt64?
@@ -39,6 +41,8 @@ struct OutboundQueue {
     /// The catch-up round being sent, then at most one waiting (a newer one replaces it).
     var catchUp: CatchUpRound?
     var nextCatchUp: RecordMap?
+    /// The waiting round is complete (PROTOCOL §6.5): the stable context its first chunk names.
+    var nextCatchUpStable: CausalContext?
     /// The last message before closing (error or goodbye); nothing is sent after it.
     var final: Message?
     /// Send pending deltas before `final` (a goodbye on shutdown); an error goes out at once.
@@ -71,15 +75,26 @@ struct OutboundQueue {
     }
 
     /// Queues a catch-up round. A round waiting behind the current one is joined with it
-    /// (`replacing`: superseded, for full-state snapshots).
-    mutating func push(catchUp state: RecordMap, replacing: Bool = false) {
+    /// (`replacing`: superseded, for full-state snapshots). `stable`: the round is complete —
+    /// every record this side holds — for a peer behind the stable context it compacted with.
+    mutating func push(catchUp state: RecordMap, replacing: Bool = false, stable: CausalContext? = nil) {
         if catchUp == nil {
-            catchUp = CatchUpRound(state)
+            catchUp = CatchUpRound(state, stable: stable)
         } else if replacing || nextCatchUp == nil {
             nextCatchUp = state
+            nextCatchUpStable = stable
         } else {
             nextCatchUp!.merge(state)
+            if stable != nil { nextCatchUpStable = stable }
         }
+    }
+
+    /// The waiting round becomes the current one.
+    mutating func startNextCatchUp() {
+        guard catchUp == nil, let next = nextCatchUp else { return }
+        catchUp = CatchUpRound(next, stable: nextCatchUpStable)
+        nextCatchUp = nil
+        nextCatchUpStable = nil
     }
 }
 
@@ -93,6 +108,8 @@ struct OutboundQueue {
 /// reported in `skipped`.
 struct CatchUpRound {
     let context: CausalContext
+    /// A complete round: the stable context the sender compacted with, sent in the first chunk.
+    private(set) var stable: CausalContext?
     private let source: RecordMap
     private(set) var items: [(RecordKey, RecordState)] = []
     private(set) var cuts: [Range<Int>] = []
@@ -102,8 +119,9 @@ struct CatchUpRound {
     private var systemItems = 0
     private let hasSystemRecords: Bool
 
-    init(_ state: RecordMap) {
+    init(_ state: RecordMap, stable: CausalContext? = nil) {
         context = state.context
+        self.stable = stable
         source = state
         hasSystemRecords = state.collections.keys.contains { $0.hasPrefix("_") }
     }
@@ -139,6 +157,16 @@ struct CatchUpRound {
         // left no room for any field.)
         let budget = limit - WireDelta.chunkOverheadBound
         let contextBound = WireDelta.contextSizeBound(context, with: dictionary)
+        // A complete round's first chunk also carries the stable context (a field of the chunk).
+        // One that would not fit a frame is not sent: the round goes as an ordinary one.
+        var stableBound = 0
+        if let stable {
+            stableBound = stable.encodedBlob().count + 16
+            if stableBound >= budget {
+                self.stable = nil
+                stableBound = 0
+            }
+        }
         var alone = Set<Int>()
         var bounds: [Int] = []
         items.reserveCapacity(source.recordCount)
@@ -165,7 +193,11 @@ struct CatchUpRound {
         }
         if others.isEmpty { systemItems = items.count }
         var start = 0
-        var size = 0
+        var size = stableBound
+        if let first = bounds.first, stableBound > 0, stableBound + first > budget {
+            cuts.append(0..<0)  // the stable context alone in the first chunk
+            size = 0
+        }
         for index in items.indices {
             let bound = bounds[index]
             if index > start && (size + bound > budget || alone.contains(index) || alone.contains(index - 1)) {

@@ -58,13 +58,15 @@ struct PeerSession {
     var neighborsSent: [ReplicaID]?
     /// The peer's digest differed from ours: send an ack with the next digest.
     var ackOwed = false
-    /// Every `seen` sent to the peer, joined: the next one carries only what is new to it.
-    var seenSent: SeenContexts?
-    /// The peer's stable context: the join of the `stable` parts of its `seen` messages (each
-    /// carries what changed since its previous one); nil before one.
-    var peerStable: CausalContext?
+    /// The time of each report sent to the peer: the next `seen` carries only newer ones.
+    var reportsSent: [ReplicaID: UInt64] = [:]
     /// The local gossip grew since the last digest round: send it with the next one.
     var gossipPending = false
+    /// The peer's round in progress is complete (its first chunk named the stable context it
+    /// compacted with): the keys of the records it carried so far.
+    var completeRound: CompleteRound?
+    /// The peer's auth said this store was restored: the newest time it knows of its lost future.
+    var peerLostSince: UInt64?
     /// When a frame of live deltas last went to the peer (for coalescing a stream of them).
     var lastDeltaSentAt: MonotonicInstant?
     /// Live deltas are held back until this instant (a stream is being coalesced); the core
@@ -170,7 +172,7 @@ extension PeerSession {
     /// `deflateChunks`: deflate catch-up chunks if the peer's hello says it reads them.
     mutating func nextBatch(
         budget: Int, state: ReplicaState, neighbors: [ReplicaID], chunkTarget: Int, deflateChunks: Bool, now: MonotonicInstant,
-        coalescing: Duration = .zero, coalescingCount: Int = .max, gossip: () -> SeenContexts? = { nil }, onSkipped: (RecordKey, String) -> Void
+        coalescing: Duration = .zero, coalescingCount: Int = .max, gossip: () -> [SeenReport]? = { nil }, onSkipped: (RecordKey, String) -> Void
     ) -> OutboundBatch? {
         var bytes: [UInt8] = []
         var frames = 0
@@ -185,7 +187,7 @@ extension PeerSession {
             out.hello = nil
         }
         if phase != .closing, let signature = out.auth {
-            add(Message.auth(signature: signature).encodedFrame())
+            add(Message.auth(signature: signature, lostSince: out.authLostSince).encodedFrame())
             out.auth = nil
         }
         if phase == .established || phase == .joining, let entry = out.join {
@@ -204,22 +206,29 @@ extension PeerSession {
                 out.ping = nil
             }
             // The compaction gossip rides with quiet digest rounds (and every 10 s while busy:
-            // ReplicationCore.tick), and carries only what this peer was not told yet and cannot
-            // hear itself (PROTOCOL §19): in a full mesh, our own report and the stable
-            // context, each only as far as they changed.
+            // ReplicationCore.tick), and with a session's first batch; it carries only reports
+            // this peer was not sent yet and cannot hear itself (PROTOCOL §19): in a full mesh,
+            // our own report when it changed.
             let gossipDue = out.gossipDue
             out.gossipDue = false
-            if gossipDue, let peer, peer.features.contains(.seenGossip), let seen = gossip() {
+            if gossipDue, let peer, peer.features.contains(.signedReports), let reports = gossip() {
                 let peerNeighbors = self.neighbors ?? []
-                let news = seen.news(since: seenSent ?? SeenContexts()) {
-                    $0 == peer.replicaID || ($0 != state.replicaID && peerNeighbors.contains($0))
+                // The peer's own report goes back to it only when it says more than the peer
+                // holds: then its store was put back from a backup, and this tells it (§19).
+                let peerHolds = lastAckContext ?? peer.context
+                let held = reports.filter { $0.replica != peer.replicaID || !peerHolds.includes($0.context) }
+                let news = SeenReports(held).news(since: reportsSent) {
+                    $0 != peer.replicaID && $0 != state.replicaID && peerNeighbors.contains($0)
                 }
-                if let news {
-                    let frame = SeenMessage.encodedFrame(news)
-                    if frame.count <= peerMaxFrame {
-                        add(frame)
-                        seenSent = (seenSent ?? SeenContexts()).merged(with: news)
-                    }
+                // Within the peer's frame limit: as many as fit, the rest with the next round.
+                var fitting = news
+                while !fitting.isEmpty, SeenMessage.encodedFrame(fitting).count > peerMaxFrame {
+                    fitting.removeLast(max(1, fitting.count / 2))
+                }
+                if !fitting.isEmpty {
+                    add(SeenMessage.encodedFrame(fitting))
+                    for report in fitting { reportsSent[report.replica] = report.time }
+                    if fitting.count < news.count { gossipPending = true }
                 }
             }
             if out.ackDue {
@@ -333,10 +342,7 @@ extension PeerSession {
         planning: Bool, onSkipped: (RecordKey, String) -> Void
     ) {
         while bytes.count < budget {
-            if out.catchUp == nil, let next = out.nextCatchUp {
-                out.catchUp = CatchUpRound(next)
-                out.nextCatchUp = nil
-            }
+            out.startNextCatchUp()
             guard var round = out.catchUp else { return }
             if !round.isPlanned {
                 guard planning else { return }
@@ -347,7 +353,7 @@ extension PeerSession {
             let payload = WireDelta.encode(records: slice.records, context: slice.isLast ? round.context : CausalContext(),
                                            with: outbound)
             let frame = Message.chunk(index: UInt64(slice.index), count: UInt64(round.chunkCount), records: UInt64(slice.records.count),
-                                      delta: payload).encodedFrame(deflatingChunk: deflate)
+                                      delta: payload, stable: slice.index == 0 ? round.stable : nil).encodedFrame(deflatingChunk: deflate)
             bytes += frame
             frames += 1
             countSent(frame)

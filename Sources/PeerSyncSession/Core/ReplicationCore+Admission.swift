@@ -10,7 +10,7 @@ extension ReplicationCore {
 
     /// The peer's hello passed the protocol checks: check its group and device key, and prove
     /// our own key (auth). The session waits for the peer's auth.
-    mutating func authenticate(_ id: SessionID, hello: Hello, now: MonotonicInstant) -> [Action] {
+    mutating func authenticate(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: ReplicaState) -> [Action] {
         sessions[id]!.outbound.relativeEventCounters = hello.features.contains(.eventCounters)
         let group = settings.identity.groupID
         guard hello.groupID == group.bytes else {
@@ -27,6 +27,12 @@ extension ReplicationCore {
         session.phase = .authenticating
         session.out.auth = SessionAuth.sign(key: settings.identity.key, ownNonce: session.nonce, peerNonce: hello.nonce ?? [],
                                             own: settings.localReplica, group: group)
+        // The peer's store lacks writes in its own name that this node holds: it was put back
+        // from a backup. Say how recent they are, so it can tell its own writes since the
+        // restore from older ones (PROTOCOL §6.9).
+        if settings.signedReports, hello.features.contains(.signedReports) {
+            session.out.authLostSince = lostSince(of: hello.replicaID, holding: hello.context.maxCounter(of: hello.replicaID), state: state)
+        }
         sessions[id] = session
         return [.wake(id)]
     }
@@ -198,7 +204,8 @@ extension ReplicationCore {
             let info = PeerInfo(replicaID: hello.replicaID, name: hello.name, address: sessions[id]!.origin.address,
                                 dialed: sessions[id]!.origin.initiator)
             return refuse(id, .replicaRestored, "the peer knows \(known) writes by this replica, this store has \(issued)", now: now)
-                + [.event(.restoredStoreDetected(info, replica: settings.localReplica, peerKnows: known, localHas: issued))]
+                + [.event(.restoredStoreDetected(info, replica: settings.localReplica, peerKnows: known, localHas: issued,
+                                                 lostSince: sessions[id]!.peerLostSince))]
         }
         if established[hello.replicaID] == nil, established.count >= settings.limits.sessions {
             return refuse(id, .overloaded, "this node has \(established.count) sessions, its limit", now: now)
@@ -221,8 +228,16 @@ extension ReplicationCore {
         session.phase = .established
         session.peerMaxFrame = Int(min(hello.maxFrameBytes, UInt64(Int32.max)))
         session.delivered.merge(hello.context)
-        let extract = settings.transfer == .fullState ? state.records : state.delta(missingFrom: hello.context)
-        session.out.push(catchUp: extract)
+        // A peer whose context lacks part of the stable context this replica compacted with is
+        // from the past (a store put back from a backup; a new device): it gets every record held
+        // here, marked complete, so it can delete what the group purged meanwhile (§6.5).
+        let purged = state.records.compactedThrough
+        let complete = settings.signedReports && hello.features.contains(.signedReports) && !purged.isEmpty
+            && !hello.context.includes(purged)
+        let extract = settings.transfer == .fullState || complete ? state.records : state.delta(missingFrom: hello.context)
+        session.out.push(catchUp: extract, stable: complete ? purged : nil)
+        // Reports first: a peer put back from a backup learns from them before the round (§19).
+        if hello.features.contains(.signedReports), settings.signedReports { session.out.gossipDue = true }
         sessions[id] = session
         session.announced = true
         sessions[id] = session

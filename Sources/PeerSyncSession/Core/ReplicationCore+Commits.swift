@@ -11,6 +11,8 @@ extension ReplicationCore {
         let id: UInt64
         let parts: [ApplyPart]
         var deltas: [RecordMap] { parts.flatMap(\.deltas) }
+        /// Complete rounds that end in this commit (PROTOCOL §6.5).
+        var completing: [CompleteRound] { parts.compactMap(\.completing) }
     }
 
     struct ApplyPart {
@@ -22,6 +24,8 @@ extension ReplicationCore {
         /// The peer's last chunk of a round is in here: ack once committed.
         let endsRound: Bool
         let origin: String
+        /// The round that ends here was complete: storage deletes what the peer's group purged.
+        var completing: CompleteRound? = nil
 
         /// Chunks of a catch-up round (else one live delta).
         var fromRound: Bool { roundBytes != nil }

@@ -94,7 +94,7 @@ extension ReplicationCore {
     /// The next bytes for a session's transport (nil: nothing now). `skipped` reports fields too
     /// large for the peer's frames.
     mutating func nextBatch(_ id: SessionID, budget: Int, now: MonotonicInstant, state: ReplicaState,
-                            gossip: () -> SeenContexts? = { nil }) -> (OutboundBatch?, [Action]) {
+                            gossip: () -> [SeenReport]? = { nil }) -> (OutboundBatch?, [Action]) {
         guard var session = sessions[id] else { return (nil, []) }
         var actions: [Action] = []
         session.takeDueRelay(now: now)

@@ -22,8 +22,9 @@ struct ReplicationCore {
         var identity: LocalIdentity
         /// Serve and fetch attachment bytes (announced in the hello).
         var attachments = false
-        /// Send and read the compaction gossip (`seen`, type 16; announced in the hello).
-        var seenGossip = false
+        /// Sign, send and read the compaction gossip (`seen`, type 16, signed reports), and send
+        /// complete rounds to peers behind the stable context (announced in the hello).
+        var signedReports = false
         /// Send deflated catch-up chunks to peers that read them, and announce reading them.
         var deflateChunks = true
     }
@@ -46,9 +47,11 @@ struct ReplicationCore {
         case admitJoiner(SessionID, RosterEntry)
         /// File work for attachments, on the shell's attachment queue (ReplicationCore+Attachments.swift).
         case attachmentIO(AttachmentIO)
-        /// Join this compaction gossip into storage (ReplicationCore+Gossip.swift); if it grew,
-        /// report ``gossipChanged(now:)``.
-        case recordSeen(SeenContexts)
+        /// Record these checked reports in storage (ReplicationCore+Gossip.swift); if that grew
+        /// what this node knows, report ``gossipChanged(now:)``.
+        case recordSeen([SeenReport])
+        /// Store this node's newly signed report, then report ``ownReportSaved(_:now:)``.
+        case saveOwnReport(SeenReport)
     }
 
     var settings: Settings
@@ -83,22 +86,37 @@ struct ReplicationCore {
     var queuedLogs: [CoreLog] = []
     /// Attachment transfers (ReplicationCore+Attachments.swift).
     var attachmentState: AttachmentCoreState
+    /// The last report this node signed and stored; whether one is being stored; the gossip
+    /// round it was signed in (ReplicationCore+Gossip.swift).
+    var ownReport: SeenReport?
+    var ownReportPending = false
+    var ownReportRound: MonotonicInstant?
+    /// The newest report time known for each other replica (for ``lostSince(of:holding:state:)``).
+    var reportTimes: [ReplicaID: UInt64] = [:]
     /// Replica IDs claimed by roster entries in frames admitted but not yet committed, with the
     /// session that brought them: a catch-up's roster chunk and the chunks with the new device's
     /// writes may be committed separately, and another session may forward those writes first.
     var provisionalClaims: [ReplicaID: SessionID] = [:]
 
-    init(settings: Settings, roster: Roster) {
+    /// `reports`: the reports storage holds (this node's own last one among them).
+    init(settings: Settings, roster: Roster, reports: [SeenReport] = []) {
         self.settings = settings
         self.roster = roster
         attachmentState = AttachmentCoreState(limits: settings.limits)
+        for report in reports {
+            if report.replica == settings.localReplica {
+                ownReport = report
+            } else {
+                reportTimes[report.replica] = max(reportTimes[report.replica] ?? 0, report.time)
+            }
+        }
     }
 
     /// The optional features this node announces in its hello.
     var localFeatures: HelloFeatures {
         var features: HelloFeatures = []
         if settings.attachments { features.insert(.attachments) }
-        if settings.seenGossip { features.insert(.seenGossip) }
+        if settings.signedReports { features.insert(.signedReports) }
         if settings.deflateChunks { features.insert(.deflatedChunks) }
         features.insert(.eventCounters)
         return features
@@ -224,7 +242,7 @@ struct ReplicationCore {
         if readsAttachmentMessage(type) {
             return receiveAttachment(id, type: type, body: body, now: now)
         }
-        if settings.seenGossip, type == SeenMessage.kind {
+        if settings.signedReports, type == SeenMessage.kind {
             return receiveSeen(id, body: body, now: now)
         }
         let decisions = sessions[id]!.machine.receive(type: type, body: body, now: wallClock)
@@ -251,15 +269,23 @@ struct ReplicationCore {
         case .established(let hello):
             // The peer holds events this replica lacks: once admitted, it sends them in a round.
             sessions[id]!.firstRoundPending = !state.context.includes(hello.context)
-            return authenticate(id, hello: hello, now: now)
-        case .auth(let signature):
+            return authenticate(id, hello: hello, now: now, state: state)
+        case .auth(let signature, let lostSince):
+            sessions[id]!.peerLostSince = lostSince
             return admit(id, signature: signature, now: now, state: state)
         case .join(let entry):
             return join(id, entry: entry, now: now, wallClock: wallClock)
-        case .applyChunk(var delta, let index, let count, let records):
+        case .applyChunk(var delta, let index, let count, let records, let stable):
             lastActivity = now
             guard sessions[id]!.phase == .established else { return refuse(id, .notAdmitted, "data before admission", now: now) }
             if let refusal = ownNameRefusal(delta, state: state) { return refuse(id, .malformed, refusal, now: now) }
+            // A complete round (PROTOCOL §6.5): note every record it carries, as the peer sent it.
+            if index == 0 { sessions[id]!.completeRound = stable.map { CompleteRound(stable: $0, keys: []) } }
+            if sessions[id]!.completeRound != nil {
+                for (collection, records) in delta.collections {
+                    for id2 in records.keys { sessions[id]!.completeRound!.keys.insert(RecordKey(collection: collection, id: id2)) }
+                }
+            }
             switch admitData(delta, from: id, now: now, state: state) {
             case .refused(let actions): return actions
             case .admitted(let admitted): delta = admitted
@@ -275,7 +301,10 @@ struct ReplicationCore {
                 let (batch, bytes) = (sessions[id]!.batch, sessions[id]!.batchBytes)
                 sessions[id]!.batch = []
                 sessions[id]!.batchBytes = 0
-                queued.append(ApplyPart(session: id, deltas: batch, roundBytes: bytes, endsRound: last, origin: origin(of: sessions[id]!)))
+                let completing = last ? sessions[id]!.completeRound : nil
+                if last { sessions[id]!.completeRound = nil }
+                queued.append(ApplyPart(session: id, deltas: batch, roundBytes: bytes, endsRound: last, origin: origin(of: sessions[id]!),
+                                        completing: completing))
             }
             if let info = sessions[id]!.info {
                 actions.append(.event(.catchUpProgress(info, chunk: clampedInt(index) + 1, chunks: clampedInt(count),
@@ -303,7 +332,8 @@ struct ReplicationCore {
                 sessions[id]!.lastAckContext = context
             }
             if let neighbors { sessions[id]!.neighbors = Set(neighbors) }
-            return ackedForGossip(id)
+            // An ack is not a compaction report: only a signed report counts (PROTOCOL §19).
+            return []
         case .digest(let digest, _):
             guard sessions[id]!.phase == .established, let info = sessions[id]!.info else { return [] }
             if digest == state.digest {

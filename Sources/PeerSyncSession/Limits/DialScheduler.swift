@@ -89,7 +89,7 @@ struct DialScheduler {
         static func isRejection(_ reason: CloseReason, established: Bool) -> Bool {
             switch reason {
             case .notAdmitted, .deviceRemoved, .protocolVersion, .sameReplica, .clockSkew, .malformed, .frameTooLarge,
-                 .unknownMessage, .unclaimedReplica:
+                 .unknownMessage, .unclaimedReplica, .forgedReport:
                 true
             case .timeout:
                 !established  // no hello, or no admission, within the handshake timeout

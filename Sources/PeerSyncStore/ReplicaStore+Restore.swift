@@ -1,0 +1,117 @@
+import Foundation
+import GRDB
+import PeerSyncCRDT
+import PeerSyncModel
+
+/// A store that comes back from the past (docs/ARCHITECTURE.md, "Restores"): the writes it made
+/// under an old replica ID since it was restored move to its current one, and complete rounds
+/// from peers delete what the group purged meanwhile.
+extension ReplicaStore {
+    /// The dots of the local events this store journaled under `replica` after `milliseconds`
+    /// (wall clock, ms since 1970) — its own writes and deletes since then — and the journal
+    /// entries that hold them.
+    public func localEvents(of replica: ReplicaID, after milliseconds: UInt64) throws(StoreError) -> (counters: Set<UInt64>, entries: [Int64]) {
+        try read { db in
+            var counters = Set<UInt64>()
+            var entries: [Int64] = []
+            let rows = try Row.fetchAll(db, sql: "SELECT seq, events FROM journal WHERE events IS NOT NULL AND committedAt > ?",
+                                        arguments: [Int64(clamping: milliseconds)])
+            for row in rows {
+                let events = try CausalContext(blob: Array(row[1] as Data))
+                guard events.replicas.contains(replica) else { continue }
+                entries.append(row[0])
+                // A commit's events are its own dots: a contiguous entry (1...n) only for the
+                // first commits of a replica.
+                events.forEachEntry(of: replica) { counter, inCloud in
+                    if inCloud { counters.insert(counter) } else { counters.formUnion(1...counter) }
+                }
+            }
+            return (counters, entries)
+        }
+    }
+
+    /// Moves the writes this store made under `old` after `milliseconds` (its journal says which,
+    /// ``localEvents(of:after:)``) to its current replica ID, keeping their timestamps and values
+    /// (``RecordMap/movingEvents(_:of:to:firstCounter:)``). Called when the store learns that it
+    /// was put back from a backup in place and wrote on under `old` meanwhile: a lost future of
+    /// it had used those counters, so peers take them as seen. Other processes reload. Returns
+    /// how many events moved.
+    @discardableResult
+    public func moveWritesSinceRestore(of old: ReplicaID, after milliseconds: UInt64) throws(StoreError) -> Int {
+        let (counters, entries) = try localEvents(of: old, after: milliseconds)
+        guard !counters.isEmpty else { return 0 }
+        do {
+            let moved = try changingState { inner -> Int in
+                var state = inner.state
+                var position = inner.position
+                var absorbed: [StoreChange] = []
+                let count = try run { db -> Int in
+                    absorbed = try catchUp(db, &state, &position)
+                    let current = state.replicaID
+                    let first = state.context.maxCounter(of: current) + 1
+                    guard let (records, changed) = state.records.movingEvents(counters, of: old, to: current, firstCounter: first)
+                    else { return 0 }
+                    let rows = try RecordRowWriter(db)
+                    for key in changed {
+                        guard let record = records.record(key) else { continue }
+                        try rows.upsert(collection: key.collection, id: key.id, visible: record.isVisible, state: record.encodedBlob())
+                    }
+                    let count = Int(records.context.maxCounter(of: current) - first + 1)
+                    try db.execute(sql: "UPDATE replica SET context = ?", arguments: [Data(records.context.encodedBlob())])
+                    // Moved once: these commits' events are not the old replica's any more (its
+                    // lost future's events under the same counters may arrive next).
+                    for entry in entries { try db.execute(sql: "UPDATE journal SET events = NULL WHERE seq = ?", arguments: [entry]) }
+                    var marker = JournalRow(committedAt: Int64(physicalClock()), origin: "restore",
+                                            summary: "moved \(count) writes made since a restore from \(old.shortDescription) to \(current.shortDescription)",
+                                            delta: nil)
+                    try marker.insert(db)
+                    position = marker.seq ?? position
+                    state = ReplicaState(replicaID: current, name: state.name, records: records, localSettings: state.localSettings,
+                                         conflicts: state.conflicts, clockFloor: state.clock.latest, physicalClock: physicalClock)
+                    state.purge([], stable: try Self.storedStable(db))
+                    return count
+                }
+                inner.state = state
+                inner.position = position
+                inner.absorbed += absorbed
+                commits.publish(state: state, absorbed: absorbed + [StoreChange(sequence: position, origin: "restore", delta: nil)], deltas: [])
+                return count
+            }
+            try flushToDisk()
+            return moved
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+
+    /// Joins the deltas of one commit (as ``applyRemoteEach(_:from:)``) and then, for each
+    /// complete round among them, deletes what the group purged while this store was in the
+    /// past: the visible records the round did not carry whose every dot is in its stable
+    /// context (``RecordMap/recordsPurgedElsewhere(completeKeys:stable:)``). The deletes are local
+    /// events of this replica, in the same transaction; they come back as `local` (ship them).
+    public func applyRemoteEach(
+        _ deltas: [RecordMap], from origin: String, completing rounds: [CompleteRound]
+    ) throws(StoreError) -> (outcomes: [MergeOutcome], local: RecordMap?) {
+        guard !rounds.isEmpty else { return (try applyRemoteEach(deltas, from: origin), nil) }
+        do {
+            try Self.checkLimits(deltas, joinedInto: inner.withLock { $0.state.context })
+            let records = deltas.reduce(0) { $0 + $1.recordCount }
+            typealias Result = (outcomes: [MergeOutcome], local: RecordMap?)
+            return try transaction(origin: origin, deltasChecked: true, records: records,
+                                   localEvents: { (result: Result) in result.local?.context }) { state in
+                let outcomes = deltas.map { state.apply($0) }
+                var local: RecordMap?
+                for round in rounds {
+                    for key in state.records.recordsPurgedElsewhere(completeKeys: round.keys, stable: round.stable) {
+                        guard let delete = state.delete(key) else { continue }
+                        local = local.map { $0.merged(with: delete) } ?? delete
+                    }
+                }
+                let all = deltas + (local.map { [$0] } ?? [])
+                return ((outcomes, local), all)
+            }
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+}
