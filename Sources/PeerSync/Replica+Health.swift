@@ -11,18 +11,43 @@ public struct SyncHealth: Sendable, Equatable {
     public var refusedSessions = 0
     /// Connections refused by the inbound limits, and the dialing now (zeros without TCP).
     public var limits = LimitStatus()
+    /// Peers whose digests still differed after a repair (the watchdog then stops repairing
+    /// that session and says so here, once): a divergence a repair cannot heal.
+    public var divergences: [Divergence] = []
 
-    public init(repairs: Int = 0, refusedSessions: Int = 0, limits: LimitStatus = LimitStatus()) {
+    /// A divergence the watchdog's repair did not heal.
+    public struct Divergence: Sendable, Equatable {
+        /// The peer's replica ID (short form) and name.
+        public var peer: String
+        public var peerName: String
+        /// Collections and writers whose parts of the digest differ (from the peer's breakdown).
+        public var collections: [String]
+        public var writers: [String]
+        /// Records of the peer's rounds this replica did not take (echoes of records it purged).
+        public var records: [String]
+
+        public init(peer: String, peerName: String, collections: [String], writers: [String], records: [String]) {
+            self.peer = peer
+            self.peerName = peerName
+            self.collections = collections
+            self.writers = writers
+            self.records = records
+        }
+    }
+
+    public init(repairs: Int = 0, refusedSessions: Int = 0, limits: LimitStatus = LimitStatus(), divergences: [Divergence] = []) {
         self.repairs = repairs
         self.refusedSessions = refusedSessions
         self.limits = limits
+        self.divergences = divergences
     }
 }
 
 extension Replica {
     /// The health of sync now (zeros with sync off).
     public func syncHealth() async -> SyncHealth {
-        SyncHealth(repairs: repairs, refusedSessions: refusedSessions, limits: await currentNode?.limitStatus() ?? LimitStatus())
+        SyncHealth(repairs: repairs, refusedSessions: refusedSessions, limits: await currentNode?.limitStatus() ?? LimitStatus(),
+                   divergences: divergences.values.sorted { $0.peer < $1.peer })
     }
 
     /// The health now, and again whenever the watchdog repairs a divergence or a limit refuses

@@ -40,6 +40,8 @@ public actor Replica {
     /// Convergence repairs and refused sessions of the current sync run (Replica+Health.swift).
     var repairs = 0
     var refusedSessions = 0
+    /// Divergences the watchdog could not repair, by peer replica (``SyncHealth/divergences``).
+    var divergences: [ReplicaID: SyncHealth.Divergence] = [:]
     nonisolated let healthSubscribers = Broadcaster<SyncHealth>()
     private var peerNames: [ReplicaID: String] = [:]
     private nonisolated let changeSubscribers = Broadcaster<ReplicaChange>()
@@ -177,6 +179,7 @@ public actor Replica {
         if replicator != nil { await stopSync() }
         self.configuration = configuration
         (repairs, refusedSessions) = (0, 0)
+        divergences = [:]
         if let change = store.incarnationChange {
             logger.warning("this store was copied or restored", metadata: ["replica.id": "\(change.current.shortDescription)",
                                                                            "replica.previous": "\(change.previous.shortDescription)"])
@@ -345,6 +348,10 @@ public actor Replica {
                 await publishHealth()
             case .catchUpProgress(_, let chunk, let chunks, _):
                 setStatus(.syncing(progress: Double(chunk) / Double(max(chunks, 1))))
+            case .converged(let info, _) where divergences[info.replicaID] != nil:
+                divergences[info.replicaID] = nil
+                await publishHealth()
+                setStatus(.inSync(lastSync: Date(), peers: peerNames.values.sorted()))
             case .converged:
                 setStatus(.inSync(lastSync: Date(), peers: peerNames.values.sorted()))
             case .divergenceRepaired(_, let count):
@@ -352,6 +359,11 @@ public actor Replica {
                 await publishHealth()
             case .divergenceDetail:
                 break
+            case .divergencePersists(let info, let collections, let writers, let records):
+                divergences[info.replicaID] = SyncHealth.Divergence(
+                    peer: info.replicaID.shortDescription, peerName: info.name, collections: collections,
+                    writers: writers.map(\.shortDescription), records: records.map(\.description))
+                await publishHealth()
             case .restoredStoreDetected(let info, let replica, let known, let held, let lostSince):
                 guard replica == store.replicaID, let configuration else { break }
                 let reason = "peer \(info.name) knows \(known) writes by this replica, the store has \(held): it was restored from an older copy"

@@ -188,6 +188,7 @@ public struct RecordMap: Sendable {
         // A compacted state never takes back a record it purged (RecordMap+Compaction); decided
         // against the state before this join, while the dot index is in place.
         let echoes = compactedThrough.isEmpty ? [] : purgedEchoes(in: delta)
+        outcome.droppedEchoes = echoes
         var join = RecordJoin(seenBefore: context, digest: maintainedDigest, index: dotIndex)
         // Uniquely referenced while they change.
         maintainedDigest = nil
@@ -297,6 +298,9 @@ public struct MergeOutcome: Sendable {
     public internal(set) var changedStates: Set<RecordKey> = []
     /// The newest field timestamp seen in the delta (for the receiver's clock).
     public internal(set) var maxTimestamp: HLCTimestamp = .zero
+    /// Records of the delta not joined because they echo records this state purged
+    /// (RecordMap+Compaction: every dot in the stable context it compacted with).
+    public internal(set) var droppedEchoes: Set<RecordKey> = []
 
     public init() {}
 
@@ -310,5 +314,6 @@ public struct MergeOutcome: Sendable {
         changedRecords.formUnion(other.changedRecords)
         changedStates.formUnion(other.changedStates)
         maxTimestamp.merge(other.maxTimestamp)
+        droppedEchoes.formUnion(other.droppedEchoes)
     }
 }

@@ -160,6 +160,10 @@ public enum NodeEvent: Sendable {
     case divergenceRepaired(PeerInfo, repairs: Int)
     /// Where a divergence was, from the peer's digest breakdown.
     case divergenceDetail(PeerInfo, collections: [String], writers: [ReplicaID])
+    /// The digests still differ after this session's full-state repair, with equal contexts:
+    /// the watchdog does not repair again (it would loop). `records`: records of the peer's
+    /// repair round this replica did not take (echoes of records it purged), up to 100.
+    case divergencePersists(PeerInfo, collections: [String], writers: [ReplicaID], records: [RecordKey])
     /// The peer knows writes in this replica's name up to `peerKnows`, beyond the `localHas` this
     /// store holds: the store was restored from an older copy. The session is refused; the owner
     /// should continue under a new replica ID (`ReplicaStore.beginNewIncarnation`), move the

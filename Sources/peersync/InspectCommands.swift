@@ -66,6 +66,7 @@ struct Status: AsyncParsableCommand {
         if let health = node.health {
             print("  health  \(health.repairs) convergence repairs; refused \(health.refusedConnectionsOverAddress) connections over the "
                 + "per-address limit, \(health.refusedConnectionsOverTotal) over the total, \(health.refusedSessions) sessions")
+            for divergence in health.divergences ?? [] { print("  DIVERGED from \(divergence) — a repair did not heal it") }
             print("  dialing \(health.dialing) of \(health.dialTargets) addresses now (peak \(health.dialingPeak)), "
                 + "\(health.rejectedDialTargets) backing off after refusals, \(health.dialAttempts) attempts")
         }

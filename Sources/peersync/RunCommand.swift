@@ -125,6 +125,8 @@ struct NodeStatusFile: Codable {
         var dialingPeak: Int
         var rejectedDialTargets: Int
         var dialAttempts: Int
+        /// Peers whose digests still differ after a repair: "peer name (ID): collections …, records …".
+        var divergences: [String]?
 
         init(_ health: SyncHealth) {
             repairs = health.repairs
@@ -137,6 +139,10 @@ struct NodeStatusFile: Codable {
             dialingPeak = health.limits.dialingPeak
             rejectedDialTargets = health.limits.rejectedTargets
             dialAttempts = health.limits.dialAttempts
+            divergences = health.divergences.isEmpty ? nil : health.divergences.map { divergence in
+                "\(divergence.peerName) (\(divergence.peer)): collections \(divergence.collections.joined(separator: ",")), "
+                    + "writers \(divergence.writers.joined(separator: ",")), records \(divergence.records.joined(separator: ","))"
+            }
         }
     }
     /// The limits the node runs with.

@@ -865,6 +865,39 @@ struct DivergenceTests {
         #expect(a.core.repairs == 1)
     }
 
+    @Test("a repair that does not reach equal digests is reported once, naming the peer and the records, and not repeated")
+    func watchdogEscalates() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        // b holds a record whose every dot a's state counts as purged (a stable context it
+        // compacted with) although a never held it: a drops it as an echo, in every repair.
+        let writer = ReplicaID.random()
+        let dot = Dot(replica: writer, counter: 1)
+        let key = RecordKey(collection: "locations", id: UUID())
+        let register = FieldRegister(value: .string("kept by b only"), timestamp: HLCTimestamp(physicalMilliseconds: 1_700_000_000_000, logical: 0),
+                                     dot: dot, supersedes: .zero)
+        b.state.apply(RecordMap(records: [(key, RecordState(fields: ["name": register], presence: [writer: PresenceEntry(counter: 1, removedBy: nil)]))],
+                                context: CausalContext(dots: [dot]), maintainingDigest: false))
+        a.state.apply(RecordMap(records: [], context: CausalContext(dots: [dot]), maintainingDigest: false))
+        a.state.purge([], stable: a.state.context)
+        #expect(a.state.context == b.state.context && a.state.digest != b.state.digest)
+        for ms in stride(from: 300, through: 3_000, by: 300) {
+            let later = t0 + .milliseconds(ms)
+            a.handle(a.core.tick(now: later))
+            b.handle(b.core.tick(now: later))
+            try link.settle(&a, &b, now: later)
+        }
+        #expect(a.core.repairs == 1, "one repair per session, not one a minute")
+        let persists = a.events.compactMap { event -> [RecordKey]? in
+            if case .divergencePersists(_, _, _, let records) = event { return records }
+            return nil
+        }
+        #expect(persists == [[key]], "reported once, with the record a did not take")
+        #expect(a.warnings.filter { $0.message.contains("still differ") }.count == 1)
+    }
+
     @Test("a delta holding a write in the receiver's own name it never made is refused; nothing is stored")
     func ownNameDot() throws {
         var a = CoreNode("a")

@@ -72,8 +72,14 @@ struct PeerSession {
     /// Live deltas are held back until this instant (a stream is being coalesced); the core
     /// asked for a wake at it.
     var deltasHeldUntil: MonotonicInstant?
-    /// When the watchdog last repaired this session by a full-state exchange.
+    /// When the watchdog repaired this session by a full-state exchange (once per session).
     var lastRepairAt: MonotonicInstant?
+    /// The digests still differed after the repair: reported once, not repaired again.
+    var divergencePersists = false
+    /// Where the last divergence was (the peer's breakdown against ours), and records of the
+    /// peer's rounds this side did not take as echoes of purged ones (at most 100).
+    var divergence: (collections: [String], writers: [ReplicaID]) = ([], [])
+    var echoesDropped: Set<RecordKey> = []
     /// Received catch-up chunks waiting to be committed together.
     var batch: [RecordMap] = []
     var batchBytes = 0

@@ -104,6 +104,9 @@ extension ReplicationCore {
                 index += 1
                 partOutcome.absorb(outcome)
                 sessions[part.session]?.delivered.merge(delta.context)
+                for key in outcome.droppedEchoes where (sessions[part.session]?.echoesDropped.count ?? 100) < 100 {
+                    sessions[part.session]!.echoesDropped.insert(key)
+                }
                 let grew = !contextBeforeCommit.includes(delta.context)
                 if !outcome.isEmpty || grew { news.append(delta) }
             }

@@ -338,6 +338,7 @@ struct ReplicationCore {
             guard sessions[id]!.phase == .established, let info = sessions[id]!.info else { return [] }
             if digest == state.digest {
                 sessions[id]!.lastConvergedAt = wallClock
+                sessions[id]!.divergencePersists = false
                 return [.event(.converged(info, digest: digest))]
             }
             // Another round after the next quiet period, with our context this time: then the
@@ -351,6 +352,7 @@ struct ReplicationCore {
         case .breakdown(_, let theirs):
             guard let info = sessions[id]!.info else { return [] }
             let (collections, writers) = state.records.digestBreakdown().differences(from: theirs)
+            sessions[id]!.divergence = (collections, writers)
             return [.log(CoreLog(.warning, "divergence with a peer", [
                         "peer.id": info.replicaID.shortDescription, "differs.collections": collections.joined(separator: ","),
                         "differs.writers": writers.map(\.shortDescription).joined(separator: ","),
@@ -367,17 +369,34 @@ struct ReplicationCore {
     }
 
     /// The convergence watchdog: both sides claim the same events but their states differ — a bug
-    /// here or in the peer's implementation, or a store restored under the same replica ID. Each
-    /// side sends its full state (joining heals any such split), and its digest breakdown so the
-    /// other can log where they differed. At most one repair a minute per session.
+    /// here or in the peer's implementation, or a store restored under the same replica ID that
+    /// nothing revealed (docs/ARCHITECTURE.md, "Restores"). Each side sends its full state
+    /// (joining heals any such split), and its digest breakdown so the other can log where they
+    /// differed: once per session. If the digests still differ after that, a repair would not
+    /// help — it would only loop — so the divergence is reported once (a warning naming the peer,
+    /// the collections and writers that differ and the records this side did not take) and left
+    /// for a person or the next version to settle.
     mutating func watchdog(_ id: SessionID, info: PeerInfo, now: MonotonicInstant, state: ReplicaState) -> [Action] {
-        if let last = sessions[id]!.lastRepairAt, now - last < .seconds(60) { return [] }
+        guard sessions[id]!.lastRepairAt == nil else {
+            guard !sessions[id]!.divergencePersists else { return [] }
+            sessions[id]!.divergencePersists = true
+            let (collections, writers) = sessions[id]!.divergence
+            let records = sessions[id]!.echoesDropped.sorted()
+            return [.log(CoreLog(.warning, "digests still differ after a full-state repair; not repairing again", [
+                        "peer.id": info.replicaID.shortDescription, "peer.name": info.name,
+                        "differs.collections": collections.joined(separator: ","),
+                        "differs.writers": writers.map(\.shortDescription).joined(separator: ","),
+                        "differs.records": records.map(\.description).joined(separator: ","),
+                    ])),
+                    .event(.divergencePersists(info, collections: collections, writers: writers, records: records))]
+        }
         sessions[id]!.lastRepairAt = now
         sessions[id]!.out.push(catchUp: state.records)
         sessions[id]!.out.breakdownDue = true
         repairs += 1
         return [.log(CoreLog(.warning, "digests differ although both sides hold the same events; repairing by a full-state exchange",
-                             ["peer.id": info.replicaID.shortDescription, "repairs": "\(repairs)"])),
+                             ["peer.id": info.replicaID.shortDescription, "peer.name": info.name, "repairs": "\(repairs)",
+                              "repair.cause": "equal contexts, different digests"])),
                 .event(.divergenceRepaired(info, repairs: repairs)),
                 .wake(id)]
     }
