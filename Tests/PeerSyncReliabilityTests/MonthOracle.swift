@@ -35,14 +35,12 @@ enum MonthOracle {
         // absent (never resurrected by a restored device); offline writes after a restore present;
         // the removed device's writes after its removal absent.
         let known = script.finalKnowledge
-        for observation in active {
-            let differences = script.model.differences(device: observation.device, observed: observation.state, known: known)
-            if !differences.isEmpty { failures["records (active devices)", default: []] += differences.map(\.description) }
-        }
+        let differences = active.flatMap { script.model.differences(device: $0.device, observed: $0.state, known: known) }
+        if !differences.isEmpty { failures["records (active devices)"] = summary(differences) + differences.map(\.description) }
         // The removed device holds what it had when removed plus its own later writes: nothing new.
         if let removed {
             let differences = script.model.differences(device: removed.device, observed: removed.state, known: script.removedKnowledge)
-            if !differences.isEmpty { failures["records (the removed device)", default: []] += differences.map(\.description) }
+            if !differences.isEmpty { failures["records (the removed device)"] = summary(differences) + differences.map(\.description) }
             if removed.role != "removed" { failures["removed device's status", default: []].append("d\(removed.device) says \(removed.role ?? "nothing")") }
         }
         // Races: whichever value won, the same on every device.
@@ -75,6 +73,20 @@ enum MonthOracle {
             }
         }
         return failures
+    }
+
+    /// One line: per device, how many records are missing, present but deleted, or hold a wrong value.
+    static func summary(_ differences: [Difference]) -> [String] {
+        let perDevice = Dictionary(grouping: differences, by: \.device).sorted { $0.key < $1.key }.map { device, list in
+            let count = { (test: (Difference.Problem) -> Bool) in list.filter { test($0.problem) }.count }
+            let missing = count { if case .missing = $0 { true } else { false } }
+            let unexpected = count { if case .unexpected = $0 { true } else { false } }
+            let values = count { if case .value = $0 { true } else { false } }
+            let unknown = count { if case .unknownRecord = $0 { true } else { false } }
+            return "d\(device): \(missing) missing, \(unexpected) that should be absent, \(values) wrong values"
+                + (unknown > 0 ? ", \(unknown) never written" : "")
+        }
+        return ["summary — " + perDevice.joined(separator: "; ")]
     }
 
     /// The repairs, as one per pair of devices within 5 s (both sides of one exchange log it):

@@ -305,7 +305,7 @@ final class MonthRunner: @unchecked Sendable {
         case .add:
             arguments = [noun, "add"]
         case .set, .delete:
-            guard let id = ids[op.record] else { return note("commands", "d\(op.device): \(op.kind) of record \(op.record), whose add failed") }
+            guard let id = ids[op.record] else { return note("edits refused", "d\(op.device): \(op.kind) of record \(op.record), whose add failed") }
             arguments = [noun, op.kind == .set ? "set" : "rm", id]
         }
         for (field, value) in op.fields.sorted(by: { $0.key < $1.key }) {
@@ -322,7 +322,8 @@ final class MonthRunner: @unchecked Sendable {
         }
         let result = try cli(op.device, arguments)
         guard result.status == 0 else {
-            return note("commands", "d\(op.device) `\(arguments.prefix(2).joined(separator: " ")) \(op.record)` (\(op.label)) failed: \(result.stderr.trimmed)")
+            // The device lacks a record the model says it holds: an earlier failure, or a bug.
+            return note("edits refused", "d\(op.device) `\(arguments.prefix(2).joined(separator: " ")) \(op.record)` (\(op.label)) failed: \(result.stderr.trimmed)")
         }
         if op.kind == .add { ids[op.record] = result.stdout.trimmed }
     }

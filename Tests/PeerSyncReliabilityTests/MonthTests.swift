@@ -28,8 +28,8 @@ struct MonthTests {
             print("month: seed \(seed): \(failures.isEmpty ? "passed" : "FAILED") in \(seconds) s — \(summary)")
             if failures.isEmpty { passed += 1 }
             for (check, lines) in failures.sorted(by: { $0.key < $1.key }) {
-                let shown = lines.prefix(12).map { "  " + $0 }.joined(separator: "\n")
-                let more = lines.count > 12 ? "\n  … \(lines.count - 12) more" : ""
+                let shown = lines.prefix(20).map { "  " + $0 }.joined(separator: "\n")
+                let more = lines.count > 20 ? "\n  … \(lines.count - 20) more" : ""
                 Issue.record("month seed \(seed) (PEERSYNC_SEED=\(seed)): \(check) (\(lines.count)):\n\(shown)\(more)")
             }
         }
@@ -61,6 +61,8 @@ struct MonthTests {
         }
         if !failures.isEmpty {
             failures["(context) log lines"] = Array(MonthOracle.notableLines(logs).prefix(20))
+            let text = failures.sorted { $0.key < $1.key }.map { "\($0.key):\n" + $0.value.map { "  \($0)\n" }.joined() }.joined()
+            try? text.write(toFile: "\(runner.root)/failures.txt", atomically: true, encoding: .utf8)
             judged = environment["PEERSYNC_KEEP"] == nil
         } else {
             judged = true
