@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The long reliability run, by hand: 50 crash trials per scenario, the lab fault suite, the
-# hostile-peer suite, and 2 million fuzz inputs. (CI runs the same suites with 10 trials and
+# hostile-peer suite, 20 months of a group's life (issue 29), and 2 million fuzz inputs. (CI runs the same suites with 10 trials and
 # 50,000 fuzz inputs as part of Scripts/test.sh.)
 #   Scripts/reliability.sh [TRIALS] [FUZZ_RUNS]
 #   Scripts/reliability.sh --soak [EDITS] [RECORDS] [SECONDS]
@@ -12,6 +12,10 @@
 #       docs/RELIABILITY.md has the figures. It runs a release `peersync` (one process per edit:
 #       a debug binary manages ~9 edits/s), built with `swift build -c release --product
 #       peersync`; PEERSYNC_BIN=path uses that binary instead (and builds nothing).
+#   Scripts/reliability.sh --month [MONTHS] [DAYS]
+#       only the month of issue 29 (MonthTests): MONTHS (20) months of DAYS (14) days, seeds
+#       PEERSYNC_SEED, +1, +2, … (default 20261121); prints one line per month and the total time.
+#       The full run above includes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -83,6 +87,19 @@ if [ "${1:-}" = --soak ]; then
   exit
 fi
 
+month() {
+  PEERSYNC_LONG=1 PEERSYNC_MONTHS=${1:-20} PEERSYNC_MONTH_DAYS=${2:-14} \
+    swift test --skip-build --disable-xctest --filter "MonthTests/month" 2>&1 \
+    | grep -E "^(✘|✔ Test run)|recorded an issue|month:|^  " || true
+}
+
+if [ "${1:-}" = --month ]; then
+  shift
+  swift build --build-tests 2>&1 | grep -E "error:|Build complete" || true
+  month "$@"
+  exit
+fi
+
 Scripts/setup.sh
 swift build --build-tests 2>&1 | grep -E "error:|Build complete" || true
 PEERSYNC_TRIALS=${1:-50} swift test --skip-build --disable-xctest \
@@ -91,4 +108,6 @@ PEERSYNC_TRIALS=${1:-50} swift test --skip-build --disable-xctest \
 # Retention with 12,000 one-commit store instances (~8 min in a debug build).
 PEERSYNC_LONG=1 swift test --skip-build --disable-xctest --filter "retentionAcrossShortLivedWriters" 2>&1 \
   | grep -E "^(✘|✔ Test run)|recorded an issue|retention:" || true
+# A group's month (issue 29): 20 months of 14 days, five `peersync` processes each.
+month
 Scripts/fuzz.sh "${2:-2000000}"
