@@ -92,6 +92,79 @@ struct TypedRecordTests {
         #expect(b.digest != digestBefore && b.digest == a.digest)
     }
 
+    @Test("saving a record whose reference reads nil (target deleted) keeps the stored reference; a reference the app sets or clears is written")
+    func danglingReferenceIsNotWrittenBack() throws {
+        var (a, _) = pair()
+        let ward = Location(name: "Ward 3")
+        let icu = Location(name: "ICU")
+        try a.save(ward)
+        try a.save(icu)
+        let id = UUID()
+        try a.save(ShiftType(id: id, symbol: "N", title: "Night", duration: 36_000, locationID: ward.id))
+        a.delete(Location.self, id: ward.id)
+        func stored() -> FieldValue? { a.records.record(RecordKey(collection: ShiftType.collection, id: id))?.fields["locationID"]?.value }
+
+        // Read (the reference reads nil), edit another field, save: only that field is written.
+        var shift = try must(a.fetch(ShiftType.self, id: id))
+        #expect(shift.locationID == nil)
+        shift.title = "Night (long)"
+        let edit = try must(a.save(shift))
+        #expect(edit.record(shift.recordKey)?.fields.keys.sorted() == ["title"])
+        #expect(stored() == .uuid(ward.id))
+        // Saving what was read, unchanged, writes nothing; so does naming the same (deleted) target.
+        #expect(try a.save(shift) == nil)
+        shift.locationID = ward.id
+        #expect(try a.save(shift) == nil)
+        // The ward comes back: the shift points at it again.
+        try a.save(ward)
+        #expect(try a.fetch(ShiftType.self, id: id)?.locationID == ward.id)
+
+        // A reference the app sets is written, whether or not its target exists …
+        a.delete(Location.self, id: ward.id)
+        shift = try must(a.fetch(ShiftType.self, id: id))
+        shift.locationID = icu.id
+        #expect(try must(a.save(shift)).record(shift.recordKey)?.fields.keys.sorted() == ["locationID"])
+        #expect(stored() == .uuid(icu.id))
+        let missing = UUID()
+        shift.locationID = missing
+        try a.save(shift)
+        #expect(stored() == .uuid(missing))
+        // (the app read nil for it now; a read-only save of that writes nothing)
+        #expect(try a.save(try must(a.fetch(ShiftType.self, id: id))) == nil)
+        // … and clearing a reference whose target exists writes null.
+        shift.locationID = icu.id
+        try a.save(shift)
+        shift.locationID = nil
+        #expect(try must(a.save(shift)).record(shift.recordKey)?.fields["locationID"]?.value == .null)
+        #expect(stored() == .null)
+    }
+
+    @Test("an edit made after the target's delete does not detach the record when a concurrent edit revives the target")
+    func concurrentReviveKeepsTheReference() throws {
+        var (a, b) = pair()
+        let ward = Location(name: "Ward 3")
+        let shift = ShiftType(symbol: "N", title: "Night", duration: 36_000, locationID: ward.id)
+        b.apply(try must(a.save(ward)))
+        b.apply(try must(a.save(shift)))
+        // a deletes the ward and then edits the shift; b renames the ward meanwhile.
+        let delete = try must(a.delete(Location.self, id: ward.id))
+        var edited = try must(a.fetch(ShiftType.self, id: shift.id))
+        edited.title = "Night (long)"
+        let edit = try must(a.save(edited))
+        var renamed = ward
+        renamed.name = "Ward 3 North"
+        let rename = try must(b.save(renamed))
+        a.apply(rename)
+        b.apply(delete)
+        b.apply(edit)
+        for replica in [a, b] {
+            #expect(try replica.fetch(Location.self, id: ward.id) == renamed)
+            #expect(try replica.fetch(ShiftType.self, id: shift.id)?.locationID == ward.id)
+            #expect(try replica.fetch(ShiftType.self, id: shift.id)?.title == "Night (long)")
+        }
+        #expect(a.digest == b.digest)
+    }
+
     @Test("concurrent overwrite of one field lands in both conflict logs; separate fields do not")
     func conflictLog() throws {
         var a = ReplicaState(replicaID: testReplica(0), name: "a", physicalClock: { 1_000 })
