@@ -169,4 +169,31 @@ struct ConflictAPITests {
         #expect(try reopened.conflicts(includingResolved: false).map(\.loser.value) == ["Second (Anna)"])
         #expect(pending.error == nil)
     }
+
+    @Test("two devices that edited one field apart and then meet log the same conflict")
+    func bothSidesOfADirectMeeting() async throws {
+        let (anna, ben) = (try TestApp("Anna"), try TestApp("Ben"))
+        defer { Task { await anna.close(); await ben.close() } }
+        let shift = ShiftType(symbol: "E", title: "Early", duration: 60)
+        try await anna.replica.save(shift)
+        try await connect(anna.replica, ben.replica)
+        #expect(await eventually { (try? ben.replica.fetch(ShiftType.self, id: shift.id)) == shift })
+        await anna.replica.stopSync()
+        await ben.replica.stopSync()
+        for (app, name) in [(anna, "Anna"), (ben, "Ben")] {
+            var edited = shift
+            edited.title = "Early (\(name))"
+            try await app.replica.save(edited)
+        }
+
+        try await connect(anna.replica, ben.replica)
+        func logged(_ app: TestApp) -> [String] {
+            ((try? app.replica.conflicts()) ?? []).map { "\($0.record) \($0.field): \($0.winner.value) by \($0.winner.writer) over \($0.loser.value) by \($0.loser.writer)" }
+        }
+        let both = await eventually {
+            anna.replica.state.digest == ben.replica.state.digest && logged(anna).count == 1 && logged(ben).count == 1
+        }
+        #expect(both, "Anna: \(logged(anna)), Ben: \(logged(ben))")
+        #expect(logged(anna) == logged(ben))
+    }
 }

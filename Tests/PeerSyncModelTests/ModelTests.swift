@@ -186,6 +186,62 @@ struct TypedRecordTests {
         }
     }
 
+    /// ARCHITECTURE.md "Conflicts", ``ReplicaState/conflicts``: a replica logs a pair when one of
+    /// its joins holds one value and receives the other. The loser's device always sees both;
+    /// the winner's device only if the losing value reaches it before it is overwritten, since
+    /// anti-entropy sends current values only.
+    @Test("who logs a conflict: every replica that held one value and received the other; not a winner that only ever received the loser's overwritten write")
+    func whoLogsAConflict() throws {
+        func replicas() throws -> (ReplicaState, ReplicaState, ReplicaState, ShiftType) {
+            var a = ReplicaState(replicaID: testReplica(0), name: "a", physicalClock: { 1_000 })
+            var b = ReplicaState(replicaID: testReplica(1), name: "b", physicalClock: { 2_000 })
+            var c = ReplicaState(replicaID: testReplica(2), name: "c", physicalClock: { 1_500 })
+            var shift = ShiftType(symbol: "E", title: "Early", duration: 28_800)
+            let created = try must(a.save(shift))
+            b.apply(created)
+            c.apply(created)
+            shift.title = "From A"  // loses: a's clock is behind b's
+            try a.save(shift)
+            shift.title = "From B"
+            try b.save(shift)
+            return (a, b, c, shift)
+        }
+        /// (field, winner, loser) of each entry.
+        func logged(_ replica: ReplicaState) -> [[FieldValue]] {
+            replica.conflicts.entries.map { [.string($0.field), $0.winner.value, $0.loser.value] }
+        }
+        let pair: [[FieldValue]] = [["title", "From B", "From A"]]
+
+        // Through a third replica that received the loser first: it logs, and so does the loser's
+        // device when the winner arrives; the winner's device receives a's write as a presence
+        // entry and a context only (the value was overwritten on c), and logs nothing.
+        var (a, b, c, shift) = try replicas()
+        c.apply(a.delta(missingFrom: c.context))
+        c.apply(b.delta(missingFrom: c.context))
+        a.apply(c.delta(missingFrom: a.context))
+        b.apply(c.delta(missingFrom: b.context))
+        #expect(logged(c) == pair && logged(a) == pair)
+        #expect(logged(b).isEmpty)
+        #expect(a.digest == b.digest && b.digest == c.digest)
+        #expect(try b.fetch(ShiftType.self, id: shift.id)?.title == "From B")
+
+        // Two devices, but the loser's device received the winner before it sent its own write
+        // (a session that dropped before its catch-up was sent): the same.
+        (a, b, _, _) = try replicas()
+        a.apply(b.delta(missingFrom: a.context))
+        b.apply(a.delta(missingFrom: b.context))
+        #expect(logged(a) == pair && logged(b).isEmpty)
+        #expect(a.digest == b.digest)
+
+        // Two devices that exchange what each lacked when they met (each catch-up computed before
+        // the other's is applied, as a session does): both log it.
+        (a, b, _, _) = try replicas()
+        let (toB, toA) = (a.delta(missingFrom: b.context), b.delta(missingFrom: a.context))
+        a.apply(toA)
+        b.apply(toB)
+        #expect(logged(a) == pair && logged(b) == pair)
+    }
+
     @Test("the conflict log is bounded")
     func conflictLogBounded() {
         var log = ConflictLog(capacity: 3)
