@@ -48,7 +48,15 @@ extension Date {
 
 extension Replica {
     /// The newest conflicts (up to 1,000, the log's bound), oldest first. Local to this device:
-    /// each replica logs the overwrites it saw.
+    /// each replica logs the overwrites it saw, that is the pairs where it held one value when
+    /// the other arrived.
+    ///
+    /// The device whose change lost has the entry (it held its value when the winning one
+    /// arrived). The winning device has it only if the losing value reached it before being
+    /// overwritten: yes when the two devices meet directly (a live change while connected, or
+    /// the catch-up when they reconnect); no when the losing change reached it only through a
+    /// device that already held the winning value, since sync sends current values only
+    /// (docs/ARCHITECTURE.md, "Conflicts").
     public nonisolated func conflicts(includingResolved: Bool = true) throws -> [ReplicaConflict] {
         appSupport.learnNames(from: self)
         return try store.storedConflicts(unresolvedOnly: !includingResolved).map(conflict)

@@ -19,7 +19,10 @@ public struct ConflictEntry: Hashable, Sendable {
 }
 
 /// The last `capacity` conflicts, oldest first. Local to a replica (not synced): each replica
-/// records the losers it saw replaced or rejected. A loser is recorded once.
+/// records the losers it saw replaced or rejected — pairs where one of its joins held one value
+/// and received the other. The writer of the losing value sees the pair; the winner's
+/// replica sees it only if the losing value reaches it before being overwritten (anti-entropy
+/// sends current values only; docs/ARCHITECTURE.md, "Conflicts"). A loser is recorded once.
 public struct ConflictLog: Sendable, Equatable {
     public static let defaultCapacity = 1000
 

@@ -21,7 +21,9 @@ import PeerSyncCRDT
 /// record that does not exist (never arrived, or was deleted) reads as `nil` — the rule of
 /// `ReplicaState.fetch`. An undeclared `Reference` keeps its UUID; resolving it still gives nil.
 /// Nothing is ever written on the referring record: deleting a target neither cascades nor
-/// creates a conflict.
+/// creates a conflict, and saving the referring record after an edit of another property does
+/// not write the `nil` it read (``ReplicaState/save(_:)``), so it points at the target again if
+/// the target comes back. Setting another reference, or `nil` while the target exists, is written.
 public struct Reference<Target: SyncRecord>: Hashable, Sendable, Codable, CustomStringConvertible {
     /// The target record's ID.
     public let id: UUID

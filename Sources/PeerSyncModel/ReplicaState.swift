@@ -138,8 +138,14 @@ public struct ReplicaState: Sendable {
     // MARK: - Typed records
 
     /// Saves `record`: writes the fields whose values differ from the stored ones (all of them
-    /// if the record does not exist), as one event. Fields this type does not know are left as
+    /// if the record is not visible), as one event. Fields this type does not know are left as
     /// they are. Returns the delta, or nil if nothing changed.
+    ///
+    /// A reference (``SyncRecord/references``) whose target is missing or deleted reads as nil,
+    /// and nil for it is no change either: the stored ID stays, so the record points at the
+    /// target again if it comes back (a concurrent edit revives it). Setting another ID is
+    /// written, and so is clearing a reference whose target exists. (To detach a record from a
+    /// deleted target for good, write `.null` to the field with ``upsert(_:to:)``.)
     ///
     /// - Throws: an encoding error, or ``CounterExhaustedError`` if the replica has no event
     ///   counter left (nothing changes then).
@@ -147,7 +153,7 @@ public struct ReplicaState: Sendable {
     public mutating func save<R: SyncRecord>(_ record: R) throws -> RecordMap? {
         var fields = try FieldEncoder().encodeFields(record)
         fields["id"] = nil
-        guard let changed = changedFields(fields, of: record.recordKey) else { return nil }
+        guard let changed = changedFields(fields, of: record.recordKey, references: R.references) else { return nil }
         return try checkedWrite(changed, to: record.recordKey)
     }
 
@@ -158,7 +164,7 @@ public struct ReplicaState: Sendable {
     /// ``localChangeFailure`` says why (the store then refuses the transaction).
     @discardableResult
     public mutating func upsert(_ fields: [String: FieldValue], to key: RecordKey) -> RecordMap? {
-        guard let changed = changedFields(fields, of: key) else { return nil }
+        guard let changed = changedFields(fields, of: key, references: []) else { return nil }
         do {
             return try checkedWrite(changed, to: key)
         } catch {
@@ -168,11 +174,27 @@ public struct ReplicaState: Sendable {
     }
 
     /// The fields whose values differ from the stored ones (all of them if the record is not
-    /// visible); nil if none do.
-    private func changedFields(_ fields: [String: FieldValue], of key: RecordKey) -> [String: FieldValue]? {
+    /// visible); nil if none do. A field in `references` whose stored target is missing or
+    /// deleted reads as `.null` (``fetch(_:id:)``), so `.null` for it is no change either.
+    private func changedFields(_ fields: [String: FieldValue], of key: RecordKey,
+                               references: [RecordReference]) -> [String: FieldValue]? {
         guard let existing = records.record(key), existing.isVisible else { return fields }
-        let changed = fields.filter { existing.fields[$0.key]?.value != $0.value }
+        let changed = fields.filter { name, value in
+            guard let stored = existing.fields[name]?.value else { return true }
+            if stored == value { return false }
+            return value != .null || !references.contains { $0.field == name && readsAsNil(stored, referenceTo: $0.collection) }
+        }
         return changed.isEmpty ? nil : changed
+    }
+
+    /// Whether `value`, stored in a field that refers to records of `collection`, reads as nil:
+    /// an ID (or its string form) of a record not visible here, or a string that is no ID.
+    private func readsAsNil(_ value: FieldValue, referenceTo collection: String) -> Bool {
+        switch value {
+        case .uuid(let id): !contains(RecordKey(collection: collection, id: id))
+        case .string(let text): UUID(uuidString: text).map { !contains(RecordKey(collection: collection, id: $0)) } ?? true
+        default: false
+        }
     }
 
     /// Deletes the record of type `R` with `id`. Returns the delta, or nil if it does not exist.
@@ -204,14 +226,9 @@ public struct ReplicaState: Sendable {
         var fields = state.values
         fields["id"] = .string(id.uuidString)
         for reference in R.references {
-            let target: UUID?
-            switch fields[reference.field] {
-            case .uuid(let id)?: target = id
-            case .string(let text)?: target = UUID(uuidString: text)
-            default: continue
+            if let value = fields[reference.field], readsAsNil(value, referenceTo: reference.collection) {
+                fields[reference.field] = .null
             }
-            if let target, contains(RecordKey(collection: reference.collection, id: target)) { continue }
-            fields[reference.field] = .null
         }
         return try FieldDecoder().decode(type, fromFields: fields)
     }

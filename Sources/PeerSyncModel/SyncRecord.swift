@@ -17,7 +17,8 @@ public protocol SyncRecord: Codable, Sendable, Identifiable where ID == UUID {
     /// The collection's name, stable across app versions (it is part of the synced state).
     static var collection: String { get }
     /// Fields that hold the ID of a record in another collection. A reference to a record that
-    /// does not exist (or was deleted) reads as `nil`; nothing is written.
+    /// does not exist (or was deleted) reads as `nil`; nothing is written, and saving the record
+    /// with that `nil` leaves the stored ID as it is.
     static var references: [RecordReference] { get }
 }
 

@@ -190,8 +190,14 @@ struct ShiftTypeCommand: AsyncParsableCommand {
                 if let title { shift.title = title }
                 if let description { shift.description = description }
                 if let seconds { shift.duration = seconds }
-                if let newLocation = try ShiftTypeCommand.location(location, in: state) { shift.locationID = newLocation }
-                return try state.save(shift)
+                let newLocation = try ShiftTypeCommand.location(location, in: state)
+                if let newLocation { shift.locationID = newLocation }
+                guard case .some(.none) = newLocation else { return try state.save(shift) }
+                // An explicit "none" detaches even from a removed location, whose link reads as
+                // none and which `save` therefore leaves stored (it returns if the location does).
+                var fields = try FieldEncoder().encodeFields(shift)
+                fields["id"] = nil
+                return state.upsert(fields, to: shift.recordKey)
             }
         }
     }

@@ -71,6 +71,44 @@ struct ReferenceTests {
         #expect(await early1.wait { $0?.locationID == Reference(ward) })
         #expect(atWard.all.count == 3 && early1.all.count == 3)
     }
+
+    @Test("an edit in a batch after the target's delete keeps the reference: a concurrent rename on another device revives the target, and both devices point at it")
+    func concurrentReviveOverSessions() async throws {
+        let (a, b) = (try TestApp("a"), try TestApp("b"))
+        defer { Task { await a.close(); await b.close() } }
+        let ward = Location(name: "Ward 3")
+        let shift = ShiftType(symbol: "N", title: "Night", duration: 36_000, locationID: ward.id)
+        try await a.replica.batch { batch in
+            try batch.save(ward)
+            try batch.save(shift)
+        }
+        try await connect(a.replica, b.replica)
+        #expect(await eventually { (try? b.replica.fetch(ShiftType.self, id: shift.id)) == shift })
+        await a.replica.stopSync()
+        await b.replica.stopSync()
+
+        // Apart: a deletes the ward, then edits the shift (which reads no location); b renames the ward.
+        try await a.replica.delete(Location.self, id: ward.id)
+        try await a.replica.batch { batch in
+            var edited = try #require(try batch.fetch(ShiftType.self, id: shift.id))
+            #expect(edited.locationID == nil)
+            edited.title = "Night (long)"
+            try batch.save(edited)
+        }
+        var renamed = ward
+        renamed.name = "Ward 3 North"
+        try await b.replica.save(renamed)
+
+        try await connect(a.replica, b.replica)
+        var expected = shift
+        expected.title = "Night (long)"
+        let converged = await eventually {
+            a.replica.state.digest == b.replica.state.digest
+                && [a, b].allSatisfy { (try? $0.replica.fetch(ShiftType.self, id: shift.id)) == expected }
+        }
+        #expect(converged, "\((try? [a, b].map { try $0.replica.fetch(ShiftType.self, id: shift.id) }) ?? [])")
+        for app in [a, b] { #expect(try app.replica.fetch(Location.self, id: ward.id) == renamed) }
+    }
 }
 
 @Suite("Conflicts API", .timeLimit(.minutes(6)))
@@ -130,5 +168,32 @@ struct ConflictAPITests {
         #expect(try reopened.conflicts().map(\.isResolved) == [true, false])
         #expect(try reopened.conflicts(includingResolved: false).map(\.loser.value) == ["Second (Anna)"])
         #expect(pending.error == nil)
+    }
+
+    @Test("two devices that edited one field apart and then meet log the same conflict")
+    func bothSidesOfADirectMeeting() async throws {
+        let (anna, ben) = (try TestApp("Anna"), try TestApp("Ben"))
+        defer { Task { await anna.close(); await ben.close() } }
+        let shift = ShiftType(symbol: "E", title: "Early", duration: 60)
+        try await anna.replica.save(shift)
+        try await connect(anna.replica, ben.replica)
+        #expect(await eventually { (try? ben.replica.fetch(ShiftType.self, id: shift.id)) == shift })
+        await anna.replica.stopSync()
+        await ben.replica.stopSync()
+        for (app, name) in [(anna, "Anna"), (ben, "Ben")] {
+            var edited = shift
+            edited.title = "Early (\(name))"
+            try await app.replica.save(edited)
+        }
+
+        try await connect(anna.replica, ben.replica)
+        func logged(_ app: TestApp) -> [String] {
+            ((try? app.replica.conflicts()) ?? []).map { "\($0.record) \($0.field): \($0.winner.value) by \($0.winner.writer) over \($0.loser.value) by \($0.loser.writer)" }
+        }
+        let both = await eventually {
+            anna.replica.state.digest == ben.replica.state.digest && logged(anna).count == 1 && logged(ben).count == 1
+        }
+        #expect(both, "Anna: \(logged(anna)), Ben: \(logged(ben))")
+        #expect(logged(anna) == logged(ben))
     }
 }

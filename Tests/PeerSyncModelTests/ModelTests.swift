@@ -92,6 +92,79 @@ struct TypedRecordTests {
         #expect(b.digest != digestBefore && b.digest == a.digest)
     }
 
+    @Test("saving a record whose reference reads nil (target deleted) keeps the stored reference; a reference the app sets or clears is written")
+    func danglingReferenceIsNotWrittenBack() throws {
+        var (a, _) = pair()
+        let ward = Location(name: "Ward 3")
+        let icu = Location(name: "ICU")
+        try a.save(ward)
+        try a.save(icu)
+        let id = UUID()
+        try a.save(ShiftType(id: id, symbol: "N", title: "Night", duration: 36_000, locationID: ward.id))
+        a.delete(Location.self, id: ward.id)
+        func stored() -> FieldValue? { a.records.record(RecordKey(collection: ShiftType.collection, id: id))?.fields["locationID"]?.value }
+
+        // Read (the reference reads nil), edit another field, save: only that field is written.
+        var shift = try must(a.fetch(ShiftType.self, id: id))
+        #expect(shift.locationID == nil)
+        shift.title = "Night (long)"
+        let edit = try must(a.save(shift))
+        #expect(edit.record(shift.recordKey)?.fields.keys.sorted() == ["title"])
+        #expect(stored() == .uuid(ward.id))
+        // Saving what was read, unchanged, writes nothing; so does naming the same (deleted) target.
+        #expect(try a.save(shift) == nil)
+        shift.locationID = ward.id
+        #expect(try a.save(shift) == nil)
+        // The ward comes back: the shift points at it again.
+        try a.save(ward)
+        #expect(try a.fetch(ShiftType.self, id: id)?.locationID == ward.id)
+
+        // A reference the app sets is written, whether or not its target exists …
+        a.delete(Location.self, id: ward.id)
+        shift = try must(a.fetch(ShiftType.self, id: id))
+        shift.locationID = icu.id
+        #expect(try must(a.save(shift)).record(shift.recordKey)?.fields.keys.sorted() == ["locationID"])
+        #expect(stored() == .uuid(icu.id))
+        let missing = UUID()
+        shift.locationID = missing
+        try a.save(shift)
+        #expect(stored() == .uuid(missing))
+        // (the app read nil for it now; a read-only save of that writes nothing)
+        #expect(try a.save(try must(a.fetch(ShiftType.self, id: id))) == nil)
+        // … and clearing a reference whose target exists writes null.
+        shift.locationID = icu.id
+        try a.save(shift)
+        shift.locationID = nil
+        #expect(try must(a.save(shift)).record(shift.recordKey)?.fields["locationID"]?.value == .null)
+        #expect(stored() == .null)
+    }
+
+    @Test("an edit made after the target's delete does not detach the record when a concurrent edit revives the target")
+    func concurrentReviveKeepsTheReference() throws {
+        var (a, b) = pair()
+        let ward = Location(name: "Ward 3")
+        let shift = ShiftType(symbol: "N", title: "Night", duration: 36_000, locationID: ward.id)
+        b.apply(try must(a.save(ward)))
+        b.apply(try must(a.save(shift)))
+        // a deletes the ward and then edits the shift; b renames the ward meanwhile.
+        let delete = try must(a.delete(Location.self, id: ward.id))
+        var edited = try must(a.fetch(ShiftType.self, id: shift.id))
+        edited.title = "Night (long)"
+        let edit = try must(a.save(edited))
+        var renamed = ward
+        renamed.name = "Ward 3 North"
+        let rename = try must(b.save(renamed))
+        a.apply(rename)
+        b.apply(delete)
+        b.apply(edit)
+        for replica in [a, b] {
+            #expect(try replica.fetch(Location.self, id: ward.id) == renamed)
+            #expect(try replica.fetch(ShiftType.self, id: shift.id)?.locationID == ward.id)
+            #expect(try replica.fetch(ShiftType.self, id: shift.id)?.title == "Night (long)")
+        }
+        #expect(a.digest == b.digest)
+    }
+
     @Test("concurrent overwrite of one field lands in both conflict logs; separate fields do not")
     func conflictLog() throws {
         var a = ReplicaState(replicaID: testReplica(0), name: "a", physicalClock: { 1_000 })
@@ -111,6 +184,62 @@ struct TypedRecordTests {
             #expect(entry.field == "title" && entry.winner.value == "From B" && entry.loser.value == "From A")
             #expect(try replica.fetch(ShiftType.self, id: shift.id)?.title == "From B")
         }
+    }
+
+    /// ARCHITECTURE.md "Conflicts", ``ReplicaState/conflicts``: a replica logs a pair when one of
+    /// its joins holds one value and receives the other. The loser's device always sees both;
+    /// the winner's device only if the losing value reaches it before it is overwritten, since
+    /// anti-entropy sends current values only.
+    @Test("who logs a conflict: every replica that held one value and received the other; not a winner that only ever received the loser's overwritten write")
+    func whoLogsAConflict() throws {
+        func replicas() throws -> (ReplicaState, ReplicaState, ReplicaState, ShiftType) {
+            var a = ReplicaState(replicaID: testReplica(0), name: "a", physicalClock: { 1_000 })
+            var b = ReplicaState(replicaID: testReplica(1), name: "b", physicalClock: { 2_000 })
+            var c = ReplicaState(replicaID: testReplica(2), name: "c", physicalClock: { 1_500 })
+            var shift = ShiftType(symbol: "E", title: "Early", duration: 28_800)
+            let created = try must(a.save(shift))
+            b.apply(created)
+            c.apply(created)
+            shift.title = "From A"  // loses: a's clock is behind b's
+            try a.save(shift)
+            shift.title = "From B"
+            try b.save(shift)
+            return (a, b, c, shift)
+        }
+        /// (field, winner, loser) of each entry.
+        func logged(_ replica: ReplicaState) -> [[FieldValue]] {
+            replica.conflicts.entries.map { [.string($0.field), $0.winner.value, $0.loser.value] }
+        }
+        let pair: [[FieldValue]] = [["title", "From B", "From A"]]
+
+        // Through a third replica that received the loser first: it logs, and so does the loser's
+        // device when the winner arrives; the winner's device receives a's write as a presence
+        // entry and a context only (the value was overwritten on c), and logs nothing.
+        var (a, b, c, shift) = try replicas()
+        c.apply(a.delta(missingFrom: c.context))
+        c.apply(b.delta(missingFrom: c.context))
+        a.apply(c.delta(missingFrom: a.context))
+        b.apply(c.delta(missingFrom: b.context))
+        #expect(logged(c) == pair && logged(a) == pair)
+        #expect(logged(b).isEmpty)
+        #expect(a.digest == b.digest && b.digest == c.digest)
+        #expect(try b.fetch(ShiftType.self, id: shift.id)?.title == "From B")
+
+        // Two devices, but the loser's device received the winner before it sent its own write
+        // (a session that dropped before its catch-up was sent): the same.
+        (a, b, _, _) = try replicas()
+        a.apply(b.delta(missingFrom: a.context))
+        b.apply(a.delta(missingFrom: b.context))
+        #expect(logged(a) == pair && logged(b).isEmpty)
+        #expect(a.digest == b.digest)
+
+        // Two devices that exchange what each lacked when they met (each catch-up computed before
+        // the other's is applied, as a session does): both log it.
+        (a, b, _, _) = try replicas()
+        let (toB, toA) = (a.delta(missingFrom: b.context), b.delta(missingFrom: a.context))
+        a.apply(toA)
+        b.apply(toB)
+        #expect(logged(a) == pair && logged(b) == pair)
     }
 
     @Test("the conflict log is bounded")
