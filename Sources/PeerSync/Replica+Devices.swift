@@ -185,8 +185,6 @@ extension Replica {
         return DeviceSetup(key: key, groupID: groupID, pendingJoin: nil, legacySecret: legacySecret)
     }
 
-    /// Makes sure the roster says this device writes as the store's current replica ID (a new
-    /// store, a new incarnation after a copy or restore).
     /// What a store put back from a backup does once it learns so (a peer's hello or auth, or a
     /// report signed by its lost future): if `lostReplica` is its current replica ID, it
     /// continues under a new one (claimed in the roster); and the writes it made under
@@ -203,15 +201,19 @@ extension Replica {
         return (change, moved)
     }
 
+    /// Makes sure the roster says this device writes as the store's current replica ID (a new
+    /// store, a new incarnation after a copy or restore). Decided inside the transaction, on the
+    /// latest state: two processes opening one copied store claim its new ID once.
     static func claimReplicaID(_ store: ReplicaStore, key: DeviceKey, groupID: GroupID) throws {
-        let replica = store.replicaID
-        let roster = store.state.roster(of: groupID)
-        let claimed = roster.entries.values.contains { entry in
-            if case .writer(let id) = entry.payload { return id == replica && entry.signer == key.deviceID }
-            return false
+        func claimed(_ state: ReplicaState) -> Bool {
+            state.roster(of: groupID).entries.values.contains { entry in
+                if case .writer(let id) = entry.payload { return id == state.replicaID && entry.signer == key.deviceID }
+                return false
+            }
         }
-        guard !claimed else { return }
+        guard !claimed(store.state) else { return }
         try store.write { state in
+            guard !claimed(state) else { return nil }
             let roster = state.roster(of: groupID)
             let entry = try RosterEntry.make(.writer(state.replicaID), context: roster.context(for: key.deviceID, at: state.nextTimestamp()),
                                              signer: key)

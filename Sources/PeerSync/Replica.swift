@@ -403,6 +403,9 @@ public actor Replica {
                 scheduleCompaction()
             case .localChange(let delta):
                 publish(ReplicaChange(origin: .local, records: Set(delta.allRecords.map(\.0))))
+            case .purgedElsewhere(let keys):
+                // Deleted by the group while this store was in the past (a restore): gone here too.
+                publish(ReplicaChange(origin: .local, records: Set(keys)))
             case .remoteChange(let outcome, let info):
                 publish(ReplicaChange(origin: .peer(name: info.name, replicaID: info.replicaID), records: outcome.changedRecords))
                 scheduleCompaction()

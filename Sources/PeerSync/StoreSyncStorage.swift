@@ -36,7 +36,7 @@ public struct StoreSyncStorage: SyncStorage {
     }
 
     public func applyRemote(_ deltas: [RecordMap], from origin: String, completing rounds: [CompleteRound]) throws
-        -> (outcomes: [MergeOutcome], local: RecordMap?)
+        -> (outcomes: [MergeOutcome], dropped: [RecordKey])
     {
         do {
             return try store.applyRemoteEach(deltas, from: origin, completing: rounds)

@@ -64,22 +64,21 @@ extension RecordMap {
         return (RecordMap(records: records, context: moves), changed)
     }
 
-    /// The visible records not in `keys` whose every dot is in `stable`, outside the reserved
-    /// collections (names starting with `_`, such as the roster, which is never deleted).
+    /// The records not in `keys` whose every dot is in `stable`, outside the reserved collections
+    /// (names starting with `_`, such as the roster, which is never purged).
     ///
     /// A peer whose state is *complete* (it sent every record it holds) and that compacted with
     /// `stable` holds every record whose events it has seen, except the deleted ones it purged.
     /// A record held here, absent from what it sent, with all its events in `stable`, is one of
-    /// those: the group deleted it while this replica was in the past (restored from an older
-    /// backup), so it is deleted here too — as a local delete, which a concurrent edit made
-    /// anywhere still revives, like any delete.
+    /// those: the group deleted and purged it while this replica was in the past (restored from
+    /// an older backup), so it goes here too (``dropPurgedElsewhere(_:stable:)``).
     ///
     /// - Complexity: O(records held).
     public func recordsPurgedElsewhere(completeKeys keys: Set<RecordKey>, stable: CausalContext) -> [RecordKey] {
         guard !stable.isEmpty else { return [] }
         var result: [RecordKey] = []
         for (collection, held) in collections where !collection.hasPrefix("_") {
-            for (id, state) in held where state.isVisible {
+            for (id, state) in held {
                 let key = RecordKey(collection: collection, id: id)
                 guard !keys.contains(key) else { continue }
                 var inside = true
@@ -88,6 +87,38 @@ extension RecordMap {
             }
         }
         return result.sorted()
+    }
+
+    /// Removes `keys` — records a complete round showed the group purged while this replica was
+    /// in the past, visible here or not — and joins `stable` into ``compactedThrough``, as if this
+    /// state had compacted with it: echoes of those records, from a replica that still holds one
+    /// (another device back from the past), are dropped from now on (``isPurgedEcho(_:_:)``). A
+    /// key whose record holds a dot outside `stable` is left alone. Not a delete: a delete would
+    /// bring the purged record back as a deleted one to every replica that had forgotten it,
+    /// where a later full state could revive it.
+    ///
+    /// - Complexity: O(elements of the named records), plus a dot-index rebuild.
+    @discardableResult
+    public mutating func dropPurgedElsewhere(_ keys: some Sequence<RecordKey>, stable: CausalContext) -> PurgeResult {
+        var result = PurgeResult()
+        if !compactedThrough.includes(stable) { compactedThrough.merge(stable) }
+        for key in keys {
+            guard let state = collections[key.collection]?[key.id] else { continue }
+            var inside = true
+            state.forEachDot { if inside, !stable.contains($0) { inside = false } }
+            guard inside else { continue }
+            collections[key.collection]?[key.id] = nil
+            if collections[key.collection]?.isEmpty == true { collections[key.collection] = nil }
+            if maintainedDigest != nil, state.isVisible {
+                for (name, register) in state.fields { maintainedDigest!.remove(Self.hash(key, name, register)) }
+                for (replica, entry) in state.presence { maintainedDigest!.remove(Self.hash(key, replica, entry)) }
+            }
+            result.keys.append(key)
+            result.fieldCount += state.fields.count
+            result.presenceCount += state.presence.count
+        }
+        if dotIndex != nil, !result.keys.isEmpty { dotIndex = DotIndex.build(collections) }
+        return result
     }
 
     /// The physical milliseconds of the newest write this state holds by `replica` with a counter

@@ -130,6 +130,20 @@ public struct ReplicaState: Sendable {
         return result
     }
 
+    /// Drops records a complete round showed the group purged while this replica was in the
+    /// past (``RecordMap/dropPurgedElsewhere(_:stable:)``), and the conflict log's entries about them.
+    @discardableResult
+    public mutating func dropPurgedElsewhere(_ keys: [RecordKey], stable: CausalContext) -> RecordMap.PurgeResult {
+        let result = records.dropPurgedElsewhere(keys, stable: stable)
+        if !result.isEmpty, !conflicts.entries.isEmpty {
+            let gone = Set(result.keys)
+            if conflicts.entries.contains(where: { gone.contains($0.key) }) {
+                conflicts = ConflictLog(capacity: conflicts.capacity, entries: conflicts.entries.filter { !gone.contains($0.key) })
+            }
+        }
+        return result
+    }
+
     /// What a peer with context `peer` lacks (the full state for an empty context).
     public func delta(missingFrom peer: CausalContext) -> RecordMap {
         records.delta(missingFrom: peer)

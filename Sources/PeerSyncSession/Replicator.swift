@@ -398,7 +398,7 @@ public actor Replicator {
         let deltas = request.deltas
         let completing = request.completing
         commitQueue.async { [weak self] in
-            let result: Result<(outcomes: [MergeOutcome], local: RecordMap?), any Error> = Result {
+            let result: Result<(outcomes: [MergeOutcome], dropped: [RecordKey]), any Error> = Result {
                 try storage.applyRemote(deltas, from: origin, completing: completing)
             }
             Task { await self?.commitFinished(request.id, result) }
@@ -409,16 +409,16 @@ public actor Replicator {
         perform(core.commitDue(now: .now, state: storage.snapshot()))
     }
 
-    private func commitFinished(_ id: UInt64, _ result: Result<(outcomes: [MergeOutcome], local: RecordMap?), any Error>) {
+    private func commitFinished(_ id: UInt64, _ result: Result<(outcomes: [MergeOutcome], dropped: [RecordKey]), any Error>) {
         switch result {
-        case .success(let (outcomes, local)):
+        case .success(let (outcomes, dropped)):
             let touchedRoster = outcomes.contains { $0.changedRecords.contains { $0.collection == RosterEntry.collection } }
             perform(core.committed(id, outcomes: outcomes, state: storage.snapshot(), now: .now))
-            if let local {
-                // Records the group purged while this replica was in the past, deleted here too.
-                logger.info("deleted records the group deleted while this store was away", metadata: ["records": "\(local.recordCount)"])
-                perform(core.broadcast(local, state: storage.snapshot(), now: .now))
-                emit(.localChange(local))
+            if !dropped.isEmpty {
+                // Records the group deleted and purged while this replica was in the past.
+                logger.info("dropped records the group deleted and purged while this store was away",
+                            metadata: ["records": "\(dropped.count)"])
+                emit(.purgedElsewhere(dropped))
             }
             if touchedRoster { refreshRoster() }
         case .failure(let error as SyncStorageRefusal):

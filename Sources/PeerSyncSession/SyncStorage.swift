@@ -28,10 +28,10 @@ public protocol SyncStorage: Sendable {
     /// Stores a report this replica signed, durably, before it is sent.
     func saveOwnReport(_ report: SeenReport) throws
     /// Joins deltas as ``applyRemote(_:from:)`` does and, for each complete round among them,
-    /// deletes the records the peer's group purged while this replica was in the past
-    /// (PROTOCOL §6.5): local events in the same transaction, returned to be shipped.
+    /// drops the records the peer's group purged while this replica was in the past (PROTOCOL
+    /// §6.5), in the same transaction; returns them.
     func applyRemote(_ deltas: [RecordMap], from origin: String, completing rounds: [CompleteRound]) throws
-        -> (outcomes: [MergeOutcome], local: RecordMap?)
+        -> (outcomes: [MergeOutcome], dropped: [RecordKey])
 
     // Attachment bytes (SyncStorage+Attachments.swift has defaults for a storage without them).
     // Called off the actor, on the replicator's attachment queue; may block on files.
@@ -60,9 +60,9 @@ extension SyncStorage {
     public func recordSeen(_ reports: [SeenReport]) throws -> RecordedReports { RecordedReports() }
     public func saveOwnReport(_ report: SeenReport) throws {}
     public func applyRemote(_ deltas: [RecordMap], from origin: String, completing rounds: [CompleteRound]) throws
-        -> (outcomes: [MergeOutcome], local: RecordMap?)
+        -> (outcomes: [MergeOutcome], dropped: [RecordKey])
     {
-        (try applyRemote(deltas, from: origin), nil)
+        (try applyRemote(deltas, from: origin), [])
     }
 }
 
@@ -155,6 +155,9 @@ public enum NodeEvent: Sendable {
     case gossipReceived
     /// A local change this node made itself (admitting a joiner's roster entry).
     case localChange(RecordMap)
+    /// A complete round showed these records deleted and purged by the group while this replica
+    /// was in the past (restored from a backup): they are gone here too (PROTOCOL §6.5).
+    case purgedElsewhere([RecordKey])
     /// Digests differed although both sides held the same events (a bug here or in the peer's
     /// implementation): a full-state exchange with the peer repairs it. `repairs` counts them.
     case divergenceRepaired(PeerInfo, repairs: Int)

@@ -88,7 +88,10 @@ extension ReplicaStore {
             }
             return
         }
-        if let change = try? beginNewIncarnation(reason: "the store file was copied or restored (its machine or file identity changed)") {
+        // Another process opening the same copy at the same moment may have begun the new
+        // incarnation already: decided again inside the transaction (one new ID per copy).
+        if let change = try? beginNewIncarnation(reason: "the store file was copied or restored (its machine or file identity changed)",
+                                                 unlessBoundTo: current) {
             inner.withLock { $0.incarnationChange = change }
         }
     }
@@ -98,12 +101,23 @@ extension ReplicaStore {
     /// reload (a journal marker), and so does this one.
     @discardableResult
     public func beginNewIncarnation(reason: String) throws(StoreError) -> IncarnationChange {
+        try beginNewIncarnation(reason: reason, unlessBoundTo: nil)!
+    }
+
+    /// ``beginNewIncarnation(reason:)``, unless the store is already bound to `binding` when
+    /// the transaction starts (another process began the incarnation): then it only reloads.
+    func beginNewIncarnation(reason: String, unlessBoundTo expected: String?) throws(StoreError) -> IncarnationChange? {
         let fresh = ReplicaID.random()
         let previous = replicaID
         let binding = Self.binding(of: path)
+        var began = true
         do {
             try changingState { inner in
                 try pool.write { db in
+                    if let expected, try String.fetchOne(db, sql: "SELECT binding FROM replica") == expected {
+                        began = false
+                        return
+                    }
                     try db.execute(sql: "UPDATE replica SET replicaID = ?, binding = ?", arguments: [fresh.description, binding])
                     try db.execute(sql: "INSERT INTO incarnation (replicaID, startedAt, reason) VALUES (?, ?, ?)",
                                    arguments: [fresh.description, Int64(physicalClock()), reason])
@@ -118,6 +132,6 @@ extension ReplicaStore {
         } catch {
             throw StoreError.wrap(error, path: path)
         }
-        return IncarnationChange(previous: previous, current: fresh, reason: reason)
+        return began ? IncarnationChange(previous: previous, current: fresh, reason: reason) : nil
     }
 }

@@ -5,7 +5,7 @@ import PeerSyncModel
 
 /// A store that comes back from the past (docs/ARCHITECTURE.md, "Restores"): the writes it made
 /// under an old replica ID since it was restored move to its current one, and complete rounds
-/// from peers delete what the group purged meanwhile.
+/// from peers drop what the group purged meanwhile.
 extension ReplicaStore {
     /// The dots of the local events this store journaled under `replica` after `milliseconds`
     /// (wall clock, ms since 1970) — its own writes and deletes since then — and the journal
@@ -85,31 +85,50 @@ extension ReplicaStore {
     }
 
     /// Joins the deltas of one commit (as ``applyRemoteEach(_:from:)``) and then, for each
-    /// complete round among them, deletes what the group purged while this store was in the
-    /// past: the visible records the round did not carry whose every dot is in its stable
-    /// context (``RecordMap/recordsPurgedElsewhere(completeKeys:stable:)``). The deletes are local
-    /// events of this replica, in the same transaction; they come back as `local` (ship them).
+    /// complete round among them, drops what the group purged while this store was in the past:
+    /// the records the round did not carry whose every dot is in its stable context
+    /// (``RecordMap/recordsPurgedElsewhere(completeKeys:stable:)``,
+    /// ``RecordMap/dropPurgedElsewhere(_:stable:)``), in the same transaction; that stable
+    /// context (as far as this store has seen it) joins the stored one, so echoes of those
+    /// records stay out after a restart too. Other processes reload. Returns the outcomes and
+    /// the records dropped.
     public func applyRemoteEach(
         _ deltas: [RecordMap], from origin: String, completing rounds: [CompleteRound]
-    ) throws(StoreError) -> (outcomes: [MergeOutcome], local: RecordMap?) {
-        guard !rounds.isEmpty else { return (try applyRemoteEach(deltas, from: origin), nil) }
+    ) throws(StoreError) -> (outcomes: [MergeOutcome], dropped: [RecordKey]) {
+        guard !rounds.isEmpty else { return (try applyRemoteEach(deltas, from: origin), []) }
         do {
             try Self.checkLimits(deltas, joinedInto: inner.withLock { $0.state.context })
             let records = deltas.reduce(0) { $0 + $1.recordCount }
-            typealias Result = (outcomes: [MergeOutcome], local: RecordMap?)
-            return try transaction(origin: origin, deltasChecked: true, records: records,
-                                   localEvents: { (result: Result) in result.local?.context }) { state in
+            typealias Result = (outcomes: [MergeOutcome], dropped: [RecordKey], stable: CausalContext)
+            let result = try transaction(origin: origin, deltasChecked: true, records: records, also: { (db: Database, result: Result) in
+                guard !result.dropped.isEmpty else { return }
+                let delete = try db.cachedStatement(sql: "DELETE FROM record WHERE collection = ? AND id = ?")
+                for key in result.dropped { try delete.execute(arguments: [key.collection, key.id.data]) }
+                var frontier = CompactionFrontier(stable: result.stable)
+                try Self.saveFrontier(db, &frontier)
+                var marker = JournalRow(committedAt: Int64(physicalClock()), origin: "restore",
+                                        summary: "dropped \(result.dropped.count) records the group purged while this store was away", delta: nil)
+                try marker.insert(db)
+            }) { state in
                 let outcomes = deltas.map { state.apply($0) }
-                var local: RecordMap?
+                var dropped: [RecordKey] = []
+                var stable = CausalContext()
                 for round in rounds {
-                    for key in state.records.recordsPurgedElsewhere(completeKeys: round.keys, stable: round.stable) {
-                        guard let delete = state.delete(key) else { continue }
-                        local = local.map { $0.merged(with: delete) } ?? delete
-                    }
+                    let seen = round.stable.intersection(state.context)
+                    let keys = state.records.recordsPurgedElsewhere(completeKeys: round.keys, stable: seen)
+                    dropped += state.dropPurgedElsewhere(keys, stable: seen).keys
+                    stable.merge(seen)
                 }
-                let all = deltas + (local.map { [$0] } ?? [])
-                return ((outcomes, local), all)
+                return ((outcomes, dropped, stable), deltas)
             }
+            if !result.dropped.isEmpty {
+                // Live queries and other readers in this process re-read what they show.
+                inner.withLock { inner in
+                    inner.compaction.frontier.merge(CompactionFrontier(stable: result.stable))
+                    commits.publish(state: inner.state, absorbed: [StoreChange(sequence: inner.position, origin: "restore", delta: nil)], deltas: [])
+                }
+            }
+            return (result.outcomes, result.dropped)
         } catch {
             throw StoreError.wrap(error, path: path)
         }

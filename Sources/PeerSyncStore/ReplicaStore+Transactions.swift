@@ -71,16 +71,17 @@ extension ReplicaStore {
     /// a large change then runs beside readers (``largeChange(_:heldRecords:)``).
     /// `rows`: given the body's result, the records whose rows to write (nil: every record of
     /// the deltas). `localEvents`: given the body's result, the dots of the change's own (local)
-    /// events, journaled beside it (`journal.events`, migration v6); nil for none.
+    /// events, journaled beside it (`journal.events`, migration v6); nil for none. `also`: more
+    /// SQL of the same transaction, after the rows are written.
     func transaction<T: Sendable>(
         origin: String, deltasChecked: Bool = false, records: Int? = nil, rows: (T) -> Set<RecordKey>? = { _ in nil },
-        localEvents: (T) -> CausalContext? = { _ in nil },
+        localEvents: (T) -> CausalContext? = { _ in nil }, also: (Database, T) throws -> Void = { _, _ in },
         _ body: (inout ReplicaState) throws -> (T, [RecordMap])
     ) throws -> T {
         let result = try writer.withLock { _ in
             let change = { (state: inout ReplicaState, position: inout Int64, absorbed: inout [StoreChange]) in
-                try self.commit(origin: origin, deltasChecked: deltasChecked, rows: rows, localEvents: localEvents, body, on: &state,
-                                position: &position, absorbed: &absorbed)
+                try self.commit(origin: origin, deltasChecked: deltasChecked, rows: rows, localEvents: localEvents, also: also, body,
+                                on: &state, position: &position, absorbed: &absorbed)
             }
             if let records, Self.largeChange(records, heldRecords: inner.withLock { $0.state.records.recordCount }) {
                 return try committingBesideReaders(change)
@@ -123,7 +124,7 @@ extension ReplicaStore {
     /// applies it, checks limits, persists. On a throw, `state` may hold part of it.
     private func commit<T>(
         origin: String, deltasChecked: Bool, rows: (T) -> Set<RecordKey>?, localEvents: (T) -> CausalContext?,
-        _ body: (inout ReplicaState) throws -> (T, [RecordMap]),
+        also: (Database, T) throws -> Void, _ body: (inout ReplicaState) throws -> (T, [RecordMap]),
         on state: inout ReplicaState, position: inout Int64, absorbed: inout [StoreChange]
     ) throws -> Committed<T> {
         try run { db in
@@ -137,6 +138,7 @@ extension ReplicaStore {
                                                                   state.conflicts.entries.count))
             try persist(db, state: state, deltas: deltas, rows: rows(result), localBefore: localBefore,
                         conflicts: Array(newConflicts), origin: origin, localEvents: localEvents(result), position: &position)
+            try also(db, result)
             if let hook = insideTransaction.withLock({ $0 }) { hook() }
             return Committed(result: result, deltas: deltas)
         }

@@ -25,8 +25,8 @@ struct CoreNode {
     var seen: SeenReports?
     /// The last report this node signed and "stored".
     var ownReport: SeenReport?
-    /// Deletes that complete rounds made (records the peer's group purged).
-    var completeRoundDeletes: [RecordMap] = []
+    /// Records complete rounds dropped (the peer's group purged them).
+    var completeRoundDrops: [RecordKey] = []
     /// The latest instant this node was driven at (opening sessions, commits).
     var lastNow: MonotonicInstant?
 
@@ -123,18 +123,13 @@ struct CoreNode {
             }
             committedBatches.append(request.deltas)
             let outcomes = request.deltas.map { state.apply($0) }
-            // As the store does for complete rounds: delete what the peer's group purged.
-            var local: RecordMap?
+            // As the store does for complete rounds: drop what the peer's group purged.
             for round in request.completing {
-                for key in state.records.recordsPurgedElsewhere(completeKeys: round.keys, stable: round.stable) {
-                    if let delete = state.delete(key) { local = local.map { $0.merged(with: delete) } ?? delete }
-                }
+                let seen = round.stable.intersection(state.context)
+                let keys = state.records.recordsPurgedElsewhere(completeKeys: round.keys, stable: seen)
+                completeRoundDrops += state.dropPurgedElsewhere(keys, stable: seen).keys
             }
             handle(core.committed(request.id, outcomes: outcomes, state: state, now: now))
-            if let local {
-                completeRoundDeletes.append(local)
-                handle(core.broadcast(local, state: state, now: now))
-            }
             // As the Replicator does: a commit that touched the roster refreshes the core's.
             if request.deltas.contains(where: \.touchesRoster) {
                 handle(core.updateRoster(state.roster(of: core.settings.identity.groupID), identity: core.settings.identity, now: now))
