@@ -17,14 +17,19 @@ extension ReplicaStore {
             let rows = try Row.fetchAll(db, sql: "SELECT seq, events FROM journal WHERE events IS NOT NULL AND committedAt > ?",
                                         arguments: [Int64(clamping: milliseconds)])
             for row in rows {
-                let events = try CausalContext(blob: Array(row[1] as Data))
-                guard events.replicas.contains(replica) else { continue }
-                entries.append(row[0])
-                // A commit's events are its own dots: a contiguous entry (1...n) only for the
-                // first commits of a replica.
-                events.forEachEntry(of: replica) { counter, inCloud in
-                    if inCloud { counters.insert(counter) } else { counters.formUnion(1...counter) }
+                let events = try Self.decodeEvents(row[1] as Data)
+                if let of = events.replica {
+                    guard of == replica else { continue }
+                    counters.formUnion(events.counters)
+                } else if let context = events.context {
+                    guard context.replicas.contains(replica) else { continue }
+                    // A commit's events are its own dots: a contiguous entry (1...n) only for
+                    // the first commits of a replica.
+                    context.forEachEntry(of: replica) { counter, inCloud in
+                        if inCloud { counters.insert(counter) } else { counters.formUnion(1...counter) }
+                    }
                 }
+                entries.append(row[0])
             }
             return (counters, entries)
         }
