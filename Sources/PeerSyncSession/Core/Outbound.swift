@@ -11,8 +11,10 @@ struct OutboundQueue {
     var hello: Hello?
     /// This side's auth signature, once the peer's hello arrived.
     var auth: [UInt8]?
-    /// The entry that admits this device, for its inviter (a joiner's first message after auth).
-    var join: [UInt8]?
+    /// The roster entries that admit this device, the admitting one first: a joiner's enrol for
+    /// its inviter (its first message after auth), or a member's proof of admission for a peer
+    /// that may lack it (PROTOCOL.md §6.4).
+    var join: [[UInt8]]?
     var pong: UInt64?
     var ping: UInt64?
     var ackDue = false
