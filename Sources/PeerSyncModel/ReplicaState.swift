@@ -57,6 +57,10 @@ public struct ReplicaState: Sendable {
     /// later than every timestamp it has issued or observed.
     public mutating func nextTimestamp() -> HLCTimestamp { clock.tick() }
 
+    /// Advances the clock past `timestamp` (e.g. a signed roster entry's own timestamp, so an
+    /// entry signed next sorts after it). Check it against the wall clock first.
+    public mutating func observe(_ timestamp: HLCTimestamp) { clock.observe(timestamp) }
+
     // MARK: - Fields
 
     /// Throws (and clears) ``localChangeFailure``: the error of a local change made since the

@@ -31,6 +31,9 @@ public actor Replicator {
     private var closedTraffic = TrafficCounters()
     /// Ineffective roster entries already logged.
     private var reportedIneffective: Set<RosterEntryID> = []
+    /// Devices whose catch-up round this node stored since it started (``confirmAdmissions()``).
+    private var roundsHeardFrom: Set<DeviceID> = []
+    private var confirming = false
     let commitQueue = DispatchQueue(label: "peersync.commit")
     /// Attachment file work, in order (Replicator+Attachments.swift).
     let attachmentQueue = DispatchQueue(label: "peersync.attachments")
@@ -175,6 +178,7 @@ public actor Replicator {
         // Entries that do not count are kept (the roster is add-only) and said once each.
         for ineffective in roster.ineffective where !reportedIneffective.contains(ineffective.entry.id) {
             reportedIneffective.insert(ineffective.entry.id)
+            if roster.isConfirmation(ineffective.entry) { continue }  // no effect by design
             logger.warning("roster entry has no effect", metadata: [
                 "entry.id": "\(ineffective.entry.id.shortDescription)", "entry.kind": "\(ineffective.entry.kind)",
                 "entry.signer": "\(ineffective.entry.signer.shortForm)", "reason": "\(ineffective.reason)",
@@ -182,6 +186,32 @@ public actor Replicator {
         }
         perform(core.updateRoster(roster, identity: identity, now: .now))
         emit(.rosterChanged(roster, removedSelf: removedSelf))
+        confirmAdmissions()
+    }
+
+    private var maxSkewMilliseconds: UInt64 { UInt64(max(0, configuration.timing.maxClockSkew.wholeMilliseconds)) }
+
+    /// An admin signs the confirmations it owes (``Roster/confirmationsDue(by:heardFrom:)``):
+    /// devices it admitted by an enrol before confirmations existed get an add of their key, so
+    /// they can prove their admission to a peer that lacks the enrol (a restored admin).
+    private func confirmAdmissions() {
+        guard !confirming, identity.pendingJoin == nil,
+              !core.roster.confirmationsDue(by: identity.key.deviceID, heardFrom: roundsHeardFrom).isEmpty else { return }
+        confirming = true
+        defer { confirming = false }
+        let (identity, heard, skew) = (self.identity, roundsHeardFrom, maxSkewMilliseconds)
+        do {
+            guard let delta = try storage.commitLocal({ state in
+                try state.confirmAdmissions(signer: identity, heardFrom: heard, maxSkewMilliseconds: skew)
+            }) else { return }
+            logger.info("confirmed admissions by invite with admin-signed entries",
+                        metadata: ["entries": "\(delta.records(in: RosterEntry.collection).count)"])
+            perform(core.broadcast(delta, state: storage.snapshot(), now: .now))
+            emit(.localChange(delta))
+            refreshRoster()
+        } catch {
+            logger.warning("cannot store the confirmation of an admission", metadata: ["error": "\(error)"])
+        }
     }
 
     /// Sends every peer what it lacks (after the local state was reloaded from disk).
@@ -295,8 +325,8 @@ public actor Replicator {
                     transports[id]?.established = nil
                 }
                 emit(event)
-            case .admitJoiner(let id, let entry):
-                admit(id, entry)
+            case .admitDevice(let id, let device, let entries):
+                admit(id, device, entries)
             case .attachmentIO(let io):
                 performAttachmentIO(io)
             case .recordSeen(let reports):
@@ -315,12 +345,14 @@ public actor Replicator {
         }
     }
 
-    /// Writes an admitted joiner's entry to the roster (a local change, shipped to every peer),
-    /// then lets its session in.
-    private func admit(_ id: SessionID, _ entry: RosterEntry) {
+    /// Writes the entries that admit a device to the roster, with this admin's confirmation if
+    /// it owes one (a local change, shipped to every peer), then lets its session in — before
+    /// the session's next frame is read, so its data never arrives before its admission.
+    private func admit(_ id: SessionID, _ device: DeviceID, _ entries: [RosterEntry]) {
         do {
+            let (identity, skew) = (self.identity, maxSkewMilliseconds)
             let delta = try storage.commitLocal { state in
-                state.contains(entry.recordKey) ? nil : state.write(entry.fields, to: entry.recordKey)
+                try state.storeAdmission(entries, of: device, signer: identity, maxSkewMilliseconds: skew)
             }
             if let delta {
                 perform(core.broadcast(delta, state: storage.snapshot(), now: .now))
@@ -393,6 +425,7 @@ public actor Replicator {
 
     private func commit(_ request: ReplicationCore.CommitRequest) {
         let storage = self.storage
+        let rounds = Set(request.parts.filter(\.endsRound).compactMap { core.session($0.session)?.peerKey?.deviceID })
         let origins = Set(request.parts.map(\.origin))
         let origin = origins.count == 1 ? origins.first! : "peers"
         let deltas = request.deltas
@@ -401,7 +434,7 @@ public actor Replicator {
             let result: Result<(outcomes: [MergeOutcome], dropped: [RecordKey]), any Error> = Result {
                 try storage.applyRemote(deltas, from: origin, completing: completing)
             }
-            Task { await self?.commitFinished(request.id, result) }
+            Task { await self?.commitFinished(request.id, result, rounds: rounds) }
         }
     }
 
@@ -409,7 +442,8 @@ public actor Replicator {
         perform(core.commitDue(now: .now, state: storage.snapshot()))
     }
 
-    private func commitFinished(_ id: UInt64, _ result: Result<(outcomes: [MergeOutcome], dropped: [RecordKey]), any Error>) {
+    private func commitFinished(_ id: UInt64, _ result: Result<(outcomes: [MergeOutcome], dropped: [RecordKey]), any Error>,
+                                rounds: Set<DeviceID>) {
         switch result {
         case .success(let (outcomes, dropped)):
             let touchedRoster = outcomes.contains { $0.changedRecords.contains { $0.collection == RosterEntry.collection } }
@@ -420,7 +454,9 @@ public actor Replicator {
                             metadata: ["records": "\(dropped.count)"])
                 emit(.purgedElsewhere(dropped))
             }
-            if touchedRoster { refreshRoster() }
+            let heardNew = !rounds.isSubset(of: roundsHeardFrom)
+            roundsHeardFrom.formUnion(rounds)
+            if touchedRoster { refreshRoster() } else if heardNew { confirmAdmissions() }
         case .failure(let error as SyncStorageRefusal):
             perform(core.commitFailed(id, error: error.detail, refused: true, now: .now, state: storage.snapshot()))
         case .failure(let error):

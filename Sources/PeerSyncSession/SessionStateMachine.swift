@@ -24,7 +24,7 @@ struct SessionStateMachine {
         case digest(StateDigest, records: UInt64)
         case breakdown(StateDigest, DigestBreakdown)
         case auth(signature: [UInt8], lostSince: UInt64?)
-        case join(entry: [UInt8])
+        case join(entries: [[UInt8]])
         /// End the session; if `notifyPeer`, send `.error(reason, text)` first.
         case close(CloseReason, String, notifyPeer: Bool)
     }
@@ -83,8 +83,8 @@ struct SessionStateMachine {
             return [.breakdown(digest, parts)]
         case (.established, .auth(let signature, let lostSince)):
             return [.auth(signature: signature, lostSince: lostSince)]
-        case (.established, .join(let entry)):
-            return [.join(entry: entry)]
+        case (.established, .join(let entries)):
+            return [.join(entries: entries)]
         case (.established, .ping(let nonce)):
             return [.send(.pong(nonce))]
         case (.established, .pong):

@@ -143,9 +143,14 @@ public enum Message: Sendable, Equatable {
     /// hello holds (it was restored from an older copy, §6.9), the newest of them or of the
     /// reports signed for that replica made at this time (ms since 1970).
     case auth(signature: [UInt8], lostSince: UInt64? = nil)
-    /// A device not yet on the receiver's roster presents the roster entry that admits it (an
-    /// enrol with its invite token, or a legacy enrol).
-    case join(entry: [UInt8])
+    /// A device not on the receiver's roster presents the roster entries that admit it: first
+    /// the entry that admits it (a joiner's enrol with its invite token, a legacy enrol, or an
+    /// admin's add), then the entries that authorise that one (PROTOCOL.md §5.10, §6.4). Never
+    /// empty; at most ``maxJoinEntries``.
+    case join(entries: [[UInt8]])
+
+    /// Most roster entries one join carries (field 1 and the repeated field 2).
+    public static let maxJoinEntries = 64
 
     /// Frame types. 13–15 are the attachment messages (``AttachmentWireLimits/kinds``), sent
     /// only to peers that announce ``HelloFeatures/attachments``; they are not `Message` cases.
@@ -234,8 +239,9 @@ public enum Message: Sendable, Equatable {
         case .auth(let signature, let lostSince):
             w.bytes(1, signature)
             if let lostSince { w.varint(2, lostSince) }
-        case .join(let entry):
-            w.bytes(1, entry)
+        case .join(let entries):
+            if let first = entries.first { w.bytes(1, first) }
+            for entry in entries.dropFirst() { w.bytes(2, entry) }
         }
         return w.bytes
     }
@@ -247,7 +253,7 @@ public enum Message: Sendable, Equatable {
             guard !body.isEmpty else { throw .malformed(message: "delta", detail: "empty") }
             return .delta(body)
         }
-        return try decodeFields(kind, FieldReader(message: "\(kind)", body: body))
+        return try decodeFields(kind, FieldReader(message: "\(kind)", body: body, repeating: kind == .join ? [2] : []))
     }
 
     private static func decodeFields(_ kind: Kind, _ f: FieldReader) throws(WireError) -> Message {
@@ -342,9 +348,14 @@ public enum Message: Sendable, Equatable {
             guard signature.count == 64 else { throw .malformed(message: "auth", detail: "a signature has 64 bytes, got \(signature.count)") }
             return .auth(signature: signature, lostSince: f.varints[2])
         case .join:
-            let entry = try f.bytes(1, "entry")
-            guard entry.count <= 262_144 else { throw .malformed(message: "join", detail: "entry of \(entry.count) bytes") }
-            return .join(entry: entry)
+            let entries = [try f.bytes(1, "entry")] + (f.lists[2] ?? [])
+            guard entries.count <= maxJoinEntries else {
+                throw .malformed(message: "join", detail: "\(entries.count) entries, at most \(maxJoinEntries)")
+            }
+            if let long = entries.first(where: { $0.count > 262_144 }) {
+                throw .malformed(message: "join", detail: "entry of \(long.count) bytes")
+            }
+            return .join(entries: entries)
         }
     }
 }

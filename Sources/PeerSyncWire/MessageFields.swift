@@ -32,13 +32,15 @@ package struct FieldWriter {
 }
 
 /// Reads the fields of one message body; the last value of a repeated number wins, unknown
-/// numbers are skipped.
+/// numbers are skipped. Numbers in `repeating` are protobuf repeated fields: every value of
+/// wire type 2 is kept, in order, in ``lists``.
 package struct FieldReader {
     package let message: String
     package var varints: [UInt64: UInt64] = [:]
     package var blobs: [UInt64: [UInt8]] = [:]
+    package var lists: [UInt64: [[UInt8]]] = [:]
 
-    package init(message: String, body: [UInt8]) throws(WireError) {
+    package init(message: String, body: [UInt8], repeating: Set<UInt64> = []) throws(WireError) {
         self.message = message
         var reader = ByteReader(body)
         while !reader.isAtEnd {
@@ -53,6 +55,7 @@ package struct FieldReader {
             case 2:
                 guard let value = reader.readLengthPrefixed() else { throw .malformed(message: message, detail: "truncated field \(number)") }
                 blobs[number] = Array(value)
+                if repeating.contains(number) { lists[number, default: []].append(Array(value)) }
             case 5:
                 guard reader.readBytes(4) != nil else { throw .malformed(message: message, detail: "truncated field \(number)") }
             default:

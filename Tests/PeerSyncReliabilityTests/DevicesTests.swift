@@ -110,6 +110,44 @@ struct DevicesTests {
         #expect(admin.replica.roster().devices[turnedAway.replica.deviceID] == nil)
     }
 
+    @Test("a device that kept an expired, never-used invite and dates its enrol before the expiry is refused by the live check; nothing crosses")
+    func backdatedEnrol() async throws {
+        let admin = try Device { try Replica.create(at: $0, name: "admin", logger: $1) }
+        defer { Task { await admin.close() } }
+        try await admin.replica.save(Location(name: "the admin's"))
+        try await admin.sync()
+        let code = try await admin.replica.invite(expires: .milliseconds(20))
+        let expiry = try #require(admin.replica.roster().invites[code.token.hash]?.expiresAt)
+        #expect(await eventually { HybridLogicalClock.wallClock() > expiry })
+        // The intruder's store holds the group's entries and an enrol dated before the expiry:
+        // its own roster counts it, so it takes itself for a member and presents its proof.
+        let directory = try makeTemporaryDirectory("peersync-intruder")
+        defer { removeTemporaryDirectory(directory) }
+        var joining: Replica? = try Replica.join(at: directory, name: "intruder", invite: code)
+        let key = try DeviceKey.load(from: directory + "/" + Replica.deviceKeyFile)
+        let backdated = try RosterEntry.make(.enrol(token: code.token, name: "intruder"),
+                                             context: RosterEntryContext(groupID: code.groupID, timestamp: HLCTimestamp(
+                                                 physicalMilliseconds: expiry - 1, logical: 0), previous: nil), signer: key)
+        try await joining!.commit { state in
+            var delta = RecordMap.empty()
+            for entry in Array(admin.replica.roster().entries.values) + [backdated] { delta.merge(state.write(entry.fields, to: entry.recordKey)) }
+            return delta
+        }
+        joining = nil
+        let lines = RecordingLogHandler.Lines()
+        let intruder = try Replica.open(at: directory, logger: RecordingLogHandler.logger("intruder", into: lines))
+        #expect(intruder.roster().isActive(key.deviceID))
+        #expect(await intruder.pendingJoin == nil)
+        try await intruder.save(Location(name: "the intruder's"))
+        _ = try await intruder.startSync(SyncConfiguration(security: .tls, listen: .loopback(0), peers: [.loopback(admin.port)]))
+        #expect(await eventually { admin.lines.all.contains { $0.contains("invite \(code.token.hash) was expired at") } },
+                "\(admin.lines.all.filter { $0.contains("warning") })")
+        #expect(admin.replica.roster().devices[key.deviceID] == nil)
+        #expect(admin.names() == ["the admin's"])
+        #expect(try intruder.fetchAll(Location.self).map(\.name) == ["the intruder's"])
+        await intruder.stopSync()
+    }
+
     @Test("a removed device: every node that learns of it drops its sessions within 5 s; its edits never land, members' never reach it")
     func removal() async throws {
         let group = try LocalGroup.make(names: ["A", "B", "C", "D"])

@@ -98,6 +98,92 @@ struct RestoreAndCopyTests {
         await b.stopSync()
     }
 
+    @Test("an admin restored from a backup taken before it admitted a device admits it again; both converge with every write",
+          arguments: [false, true])
+    func restoredAdmin(inPlace: Bool) async throws {
+        let (dirA, dirB, saved) = try (makeTemporaryDirectory("restored-admin-a"), makeTemporaryDirectory("restored-admin-b"),
+                                       makeTemporaryDirectory("restored-admin-backup"))
+        defer { [dirA, dirB, saved].forEach(removeTemporaryDirectory) }
+        let lines = RecordingLogHandler.Lines()
+        // The first phone makes the group and an invite; its store is backed up before the
+        // second phone joins.
+        var a: Replica? = try Replica.create(at: dirA, name: "first phone", logger: RecordingLogHandler.logger("a", into: lines))
+        let code = try await a!.invite()
+        a = nil
+        try backup(dirA, to: saved)
+        let b = try Replica.join(at: dirB, name: "second phone", invite: code, logger: RecordingLogHandler.logger("b", into: lines))
+        try await b.save(Location(name: "written by the second phone"))
+        let portB = try await sync(b)
+        a = try Replica.open(at: dirA, logger: RecordingLogHandler.logger("a", into: lines))
+        _ = try await sync(a!, peers: [portB])
+        #expect(await eventually { (try? names(a!)) == ["written by the second phone"] && a!.roster().isActive(b.deviceID) })
+        await a!.stopSync()
+        a = nil
+
+        // The backup comes back; one write before meeting the second phone, which it never saw.
+        try restore(saved, to: dirA, inPlace: inPlace)
+        a = try Replica.open(at: dirA, logger: RecordingLogHandler.logger("a", into: lines))
+        #expect(a!.roster().devices[b.deviceID] == nil)
+        try await a!.save(Location(name: "written offline on the restored phone"))
+        _ = try await sync(a!, peers: [portB])
+        // The second phone is admitted and its write reaches the restored phone.
+        #expect(await eventually {
+            (try? names(a!).contains("written by the second phone")) == true && a!.roster().isActive(b.deviceID)
+        }, "a: \((try? names(a!)) ?? []) log: \(lines.all.filter { $0.contains("warning") })")
+        #expect(lines.all.contains { $0.contains("admitting a device") && $0.contains("admitted.by=entries signed by admins") },
+                "\(lines.all.filter { $0.contains("admitting") })")
+        #expect(!lines.all.contains { $0.contains("data before admission") })
+        if inPlace {
+            // Caught by the peer before the admission is written (PROTOCOL.md §6.4, §6.9).
+            #expect(lines.all.contains { $0.contains("restored from an older copy; continuing as a new replica") })
+        }
+        let all = ["written by the second phone", "written offline on the restored phone"]
+        func converged(within timeout: Duration = .seconds(60)) async -> Bool {
+            await eventually(timeout: timeout) { (try? names(a!)) == all && (try? names(b)) == all && a!.state.digest == b.state.digest }
+        }
+        if inPlace {
+            // The offline write took a counter the second phone already holds for another write,
+            // and the second phone's compaction may drop it as stable: issue 29 item 3, not the
+            // admission's (the copy below has no reused counter and converges).
+            await withKnownIssue("issue 29 item 3: an in-place restore's offline write reuses a dot", isIntermittent: true) {
+                #expect(await converged(within: .seconds(30)), "a: \((try? names(a!)) ?? []) b: \((try? names(b)) ?? [])")
+            }
+        } else {
+            #expect(await converged(), "a: \((try? names(a!)) ?? []) b: \((try? names(b)) ?? []) log: \(lines.all.filter { $0.contains("warning") })")
+        }
+        // Writes after the reunion travel both ways.
+        try await b.save(Location(name: "after the reunion"))
+        #expect(await eventually { (try? names(a!).contains("after the reunion")) == true })
+        await a!.stopSync()
+        await b.stopSync()
+    }
+
+    @Test("a device admitted without a confirmation (an earlier version) gets one from its inviter once they meet, and no warning")
+    func confirmationPass() async throws {
+        let (dirA, dirB) = try (makeTemporaryDirectory("confirm-a"), makeTemporaryDirectory("confirm-b"))
+        defer { [dirA, dirB].forEach(removeTemporaryDirectory) }
+        let lines = RecordingLogHandler.Lines()
+        let a = try Replica.create(at: dirA, name: "first phone", logger: RecordingLogHandler.logger("a", into: lines))
+        let b = try Replica.join(at: dirB, name: "second phone", invite: try await a.invite(), logger: RecordingLogHandler.logger("b", into: lines))
+        // As the previous version admitted it: the enrol alone.
+        let enrol = try #require(b.roster().entries.values.first { $0.kind == .enrol })
+        try await a.commit { $0.write(enrol.fields, to: enrol.recordKey) }
+        #expect(a.roster().isActive(b.deviceID))
+        #expect(a.roster().admissionProof(of: b.deviceID)?.first?.kind == .enrol)
+        let portB = try await sync(b)
+        _ = try await sync(a, peers: [portB])
+        #expect(await eventually {
+            b.roster().admissionProof(of: b.deviceID)?.map(\.kind) == [.add, .genesis, .invite, .enrol]
+                && a.roster().entries.count == b.roster().entries.count
+        }, "\(b.roster().admissionProof(of: b.deviceID) ?? [])")
+        let adds = a.roster().entries.values.filter { $0.kind == .add }
+        #expect(adds.count == 1 && adds.first?.signer == a.deviceID)
+        #expect(a.roster().devices[b.deviceID]?.origin != .added)  // the enrol still admits it
+        #expect(!lines.all.contains { $0.contains("has no effect") }, "\(lines.all.filter { $0.contains("has no effect") })")
+        await a.stopSync()
+        await b.stopSync()
+    }
+
     @Test("a store copied to a third machine: each copy writes, all three run, all converge with every write, no reconnect storm")
     func copy() async throws {
         let (dirA, dirB, dirC) = try (makeTemporaryDirectory("copy-a"), makeTemporaryDirectory("copy-b"), makeTemporaryDirectory("copy-c"))

@@ -82,9 +82,11 @@ struct CoreNode {
             case .commitAt(let instant): commitDeadlines.append(instant)
             case .event(let event): events.append(event)
             case .log(let line): logs.append(line)
-            case .admitJoiner(let id, let entry):
-                let delta = state.write(entry.fields, to: entry.recordKey)
-                handle(core.broadcast(delta, state: state, now: lastNow ?? ContinuousClock.now))
+            case .admitDevice(let id, let device, let entries):
+                if let delta = try! state.storeAdmission(entries, of: device, signer: core.settings.identity,
+                                                         maxSkewMilliseconds: 300_000) {
+                    handle(core.broadcast(delta, state: state, now: lastNow ?? ContinuousClock.now))
+                }
                 handle(core.joinerAdmitted(id, roster: state.roster(of: core.settings.identity.groupID), now: ContinuousClock.now,
                                            state: state))
             case .attachmentIO(let io):

@@ -404,6 +404,7 @@ struct VectorBuilder {
         breakdown.collections["locations"] = StateDigest(high: 1, low: 2)
         breakdown.writers[Fixed.a] = StateDigest(high: 3, low: 4)
         let entry = Array(repeating: UInt8(0x5a), count: 8)
+        let (supporting1, supporting2) = (Array(repeating: UInt8(0x5b), count: 4), Array(repeating: UInt8(0x5c), count: 4))
         let samples: [(String, Message, JSON)] = [
             ("hello", .hello(Self.hello()), [
                 "protocolVersion": 2, "replicaID": replicaHex(Fixed.a), "name": "laptop", "wallClock": num(Fixed.t0),
@@ -429,8 +430,10 @@ struct VectorBuilder {
             ("breakdown", .breakdown(StateDigest(high: 5, low: 6), breakdown),
              ["digest": "00000000000000050000000000000006", "collections": ["locations": "00000000000000010000000000000002"],
               "writers": [replicaHex(Fixed.a): "00000000000000030000000000000004"]]),
-            ("join (the entry bytes here are placeholders: a receiver decodes them as a roster entry)", .join(entry: entry),
+            ("join (the entry bytes here are placeholders: a receiver decodes them as a roster entry)", .join(entries: [entry]),
              ["entry": hex(entry)]),
+            ("join with a proof of admission: field 1 the admitting entry, field 2 repeated for the entries authorising it (placeholders)",
+             .join(entries: [entry, supporting1, supporting2]), ["entry": hex(entry), "supporting": [hex(supporting1), hex(supporting2)]]),
         ]
         return [
             "kind": "messages",
@@ -574,6 +577,9 @@ struct VectorBuilder {
              "reason": 5],
             ["name": "ack without a context", "after": "hello", "frame": frame(4, []), "reason": 5],
             ["name": "digest of 15 bytes", "after": "hello", "frame": frame(5, [0x0a, 15] + [UInt8](repeating: 1, count: 15)), "reason": 5],
+            ["name": "join with 65 entries (field 1 and 64 times field 2; at most 64 in all)", "after": "hello",
+             "frame": frame(12, [0x0a, 1, 0] + Array(Array(repeating: [0x12, 1, 0] as [UInt8], count: 64).joined())), "reason": 5],
+            ["name": "join with supporting entries but no field 1", "after": "hello", "frame": frame(12, [0x12, 1, 0]), "reason": 5],
         ]
     }
 

@@ -13,8 +13,10 @@ struct OutboundQueue {
     var auth: [UInt8]?
     /// Sent with the auth: the peer's store was restored (PROTOCOL §6.9).
     var authLostSince: UInt64?
-    /// The entry that admits this device, for its inviter (a joiner's first message after auth).
-    var join: [UInt8]?
+    /// The roster entries that admit this device, the admitting one first: a joiner's enrol for
+    /// its inviter (its first message after auth), or a member's proof of admission for a peer
+    /// that may lack it (PROTOCOL.md §6.4).
+    var join: [[UInt8]]?
     var pong: UInt64?
     var ping: UInt64?
     var ackDue = false

@@ -196,8 +196,8 @@ extension PeerSession {
             add(Message.auth(signature: signature, lostSince: out.authLostSince).encodedFrame())
             out.auth = nil
         }
-        if phase == .established || phase == .joining, let entry = out.join {
-            add(Message.join(entry: entry).encodedFrame())
+        if phase == .established || phase == .joining, let entries = out.join {
+            add(Message.join(entries: entries).encodedFrame())
             out.join = nil
         }
         // The peer admits this side only once it has these: they never wait for a round's plan.

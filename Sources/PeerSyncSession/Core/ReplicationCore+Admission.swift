@@ -50,7 +50,7 @@ extension ReplicationCore {
         // A device of a group upgraded from a shared secret enrolled itself, offline: a peer that
         // has not seen that entry yet learns it here (to a peer that has, it is harmless).
         if settings.identity.legacySecret != nil, let enrol = ownLegacyEnrol {
-            sessions[id]!.out.join = enrol
+            sessions[id]!.out.join = [enrol]
         }
         switch roster.admission(of: key.deviceID, pendingJoin: settings.identity.pendingJoin) {
         case .refused(let reason, let text):
@@ -62,8 +62,15 @@ extension ReplicationCore {
             return sessions[id]!.out.join == nil ? [.log(asked)] : [.log(asked), .wake(id)]
         case .member:
             var actions = register(id, hello: hello, now: now, state: state)
-            if let join = settings.identity.pendingJoin, key.deviceID == join.inviter, sessions[id]?.phase == .established {
-                sessions[id]!.out.join = join.entry
+            guard sessions[id]?.phase == .established else { return actions }
+            if let join = settings.identity.pendingJoin {
+                if key.deviceID == join.inviter {
+                    sessions[id]!.out.join = [join.entry]
+                    actions.append(.wake(id))
+                }
+            } else if sessions[id]!.out.join == nil, let proof = proofOfAdmission(for: hello, device: key.deviceID, state: state) {
+                // Before any data (the round is planned in a later batch): the peer may not know us.
+                sessions[id]!.out.join = proof.map(\.bytes)
                 actions.append(.wake(id))
             }
             return actions
@@ -76,40 +83,73 @@ extension ReplicationCore {
         return roster.entries.values.first { $0.kind == .legacyEnrol && $0.signer == me }?.bytes
     }
 
-    /// An unknown device presents the roster entry that should admit it.
-    mutating func join(_ id: SessionID, entry bytes: [UInt8], now: MonotonicInstant, wallClock: UInt64) -> [Action] {
+    /// An unknown device presents the roster entries that admit it (PROTOCOL.md §6.4): a
+    /// joiner's enrol or legacy enrol, or a member's proof of admission. Every entry is checked
+    /// as if it came in a delta (``Roster/validate(incoming:)``) and the device must be active in
+    /// the roster with them. If it is active without the enrols this node did not hold — by an
+    /// admin's add (an admin signed it) or a legacy enrolment — that is all: the enrols then only
+    /// date its admission, as they would in its catch-up once admitted. Otherwise every such
+    /// enrol passes the live checks of a fresh join (its invite open at this node's wall clock,
+    /// unused, unrevoked): an enrol's own timestamp could be backdated.
+    mutating func join(_ id: SessionID, entries bytes: [[UInt8]], now: MonotonicInstant, wallClock: UInt64,
+                       state: ReplicaState) -> [Action] {
         let session = sessions[id]!
-        guard session.phase == .joining, let device = session.peerKey?.deviceID else {
-            // A joiner sends its entry once admitted by its inviter; elsewhere it is harmless.
+        guard session.phase == .joining, let device = session.peerKey?.deviceID, let hello = session.peer else {
+            // A joiner sends its entry once admitted by its inviter, a member its proof after
+            // admitting us; a peer that knows the sender already ignores them.
             return session.phase == .established ? [] : refuse(id, .malformed, "join out of place", now: now)
         }
-        let entry: RosterEntry
-        do {
-            entry = try RosterEntry(bytes: bytes)
-        } catch {
-            return refuse(id, .notAdmitted, "the join entry is malformed: \(error)", now: now)
+        var entries: [RosterEntry] = []
+        for raw in bytes {
+            do {
+                entries.append(try RosterEntry(bytes: raw))
+            } catch {
+                return refuse(id, .notAdmitted, "the join entry is malformed: \(error)", now: now)
+            }
         }
-        guard entry.signer == device, entry.groupID == settings.identity.groupID else {
-            return refuse(id, .notAdmitted, "the join entry is not this device's, for this group", now: now)
+        let admits: Bool = switch entries[0].payload {
+        case .enrol, .legacyEnrol: entries[0].signer == device
+        case .add(let key, _, _): key.deviceID == device
+        default: false
         }
-        switch entry.payload {
-        case .enrol(let token, _):
-            if let refusal = roster.joinRefusal(token: token, now: wallClock) { return refuse(id, .notAdmitted, refusal, now: now) }
-        case .legacyEnrol:
-            break
-        default:
-            return refuse(id, .notAdmitted, "a join needs an enrol entry, got \(entry.kind)", now: now)
+        guard admits, entries[0].groupID == settings.identity.groupID else {
+            return refuse(id, .notAdmitted, "the join's first entry does not admit this device to this group "
+                          + "(it must be the device's enrol or legacy enrol, or an add of its key; got \(entries[0].kind))", now: now)
         }
-        let after = roster.adding([entry])
+        if let future = entries.first(where: { $0.timestamp.physicalMilliseconds > wallClock &+ skewMilliseconds }) {
+            return refuse(id, .notAdmitted, "the join entry \(future) is dated in the future", now: now)
+        }
+        let validation = roster.validate(incoming: entries)
+        if let refusal = validation.refused.first {
+            return refuse(id, .notAdmitted, "the proof of admission is refused: \(refusal)", now: now)
+        }
+        let after = validation.roster
+        if case .refused(.deviceRemoved, let text) = after.admission(of: device, pendingJoin: nil) {
+            return refuse(id, .deviceRemoved, text, now: now)
+        }
+        let enrols = validation.accepted.filter { $0.kind == .enrol }
+        let withoutEnrols = enrols.isEmpty ? after : roster.adding(validation.accepted.filter { $0.kind != .enrol })
+        let byAdmins = withoutEnrols.isActive(device)
+        if !byAdmins {
+            for case .enrol(let token, _) in enrols.map(\.payload) {
+                if let refusal = withoutEnrols.joinRefusal(token: token, now: wallClock) { return refuse(id, .notAdmitted, refusal, now: now) }
+            }
+        }
         guard after.isActive(device) else {
-            let reason = after.ineffective.first { $0.entry.id == entry.id }?.reason ?? "the roster does not admit it"
+            let reason = validation.noEffect.first?.reason ?? "the roster does not admit it"
             return refuse(id, .notAdmitted, reason, now: now)
         }
-        return [.log(CoreLog(.info, "admitting a new device", sessionMetadata(session, ["peer.device": device.shortForm]))),
-                .admitJoiner(id, entry)]
+        // A store restored in place learns it here, before it writes the admission under the
+        // replica ID it must leave (those writes could reuse dots and hide the restore).
+        if let restored = refuseIfRestored(id, hello: hello, now: now, state: state) { return restored }
+        let how = entries[0].kind == .legacyEnrol ? "legacy enrolment" : byAdmins ? "entries signed by admins" : "invite"
+        return [.log(CoreLog(.info, "admitting a device", sessionMetadata(session, [
+                    "peer.device": device.shortForm, "admitted.by": how, "entries": "\(validation.accepted.count)"]))),
+                .admitDevice(id, device: device, entries: validation.accepted)]
     }
 
-    /// The joiner's entry is committed (and in `roster`): the session becomes a member's.
+    /// The entries admitting the session's device are committed (and in `roster`): the session
+    /// becomes a member's.
     mutating func joinerAdmitted(_ id: SessionID, roster: Roster, now: MonotonicInstant, state: ReplicaState) -> [Action] {
         self.roster = roster
         guard let session = sessions[id], session.phase == .joining, let hello = session.peer else { return [] }
@@ -196,17 +236,7 @@ extension ReplicationCore {
     /// Admits an established session under the duplicate rule and queues its catch-up.
     mutating func register(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: ReplicaState) -> [Action] {
         var actions: [Action] = []
-        let issued = state.context.maxCounter(of: settings.localReplica)
-        let known = hello.context.maxCounter(of: settings.localReplica)
-        if known > issued {
-            // The peer has writes in our name we do not: this store was restored from an older copy
-            // (or copied, and the copy wrote). Writing on under this ID would reuse dots.
-            let info = PeerInfo(replicaID: hello.replicaID, name: hello.name, address: sessions[id]!.origin.address,
-                                dialed: sessions[id]!.origin.initiator)
-            return refuse(id, .replicaRestored, "the peer knows \(known) writes by this replica, this store has \(issued)", now: now)
-                + [.event(.restoredStoreDetected(info, replica: settings.localReplica, peerKnows: known, localHas: issued,
-                                                 lostSince: sessions[id]!.peerLostSince))]
-        }
+        if let restored = refuseIfRestored(id, hello: hello, now: now, state: state) { return restored }
         if established[hello.replicaID] == nil, established.count >= settings.limits.sessions {
             return refuse(id, .overloaded, "this node has \(established.count) sessions, its limit", now: now)
         }
@@ -250,6 +280,20 @@ extension ReplicationCore {
             actions.append(.event(.peerConnected(info)))
         }
         return actions
+    }
+
+    /// The peer has writes in our name we do not: this store was restored from an older copy (or
+    /// copied, and the copy wrote). Writing on under this ID would reuse dots: refuse, and let the
+    /// engine begin a new incarnation. Nil if not.
+    mutating func refuseIfRestored(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: ReplicaState) -> [Action]? {
+        let issued = state.context.maxCounter(of: settings.localReplica)
+        let known = hello.context.maxCounter(of: settings.localReplica)
+        guard known > issued else { return nil }
+        let info = PeerInfo(replicaID: hello.replicaID, name: hello.name, address: sessions[id]!.origin.address,
+                            dialed: sessions[id]!.origin.initiator)
+        return refuse(id, .replicaRestored, "the peer knows \(known) writes by this replica, this store has \(issued)", now: now)
+            + [.event(.restoredStoreDetected(info, replica: settings.localReplica, peerKnows: known, localHas: issued,
+                                             lostSince: sessions[id]!.peerLostSince))]
     }
 
     /// The replicas with an established session, sorted.

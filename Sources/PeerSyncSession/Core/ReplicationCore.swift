@@ -42,9 +42,8 @@ struct ReplicationCore {
         case commitAt(MonotonicInstant)
         case event(NodeEvent)
         case log(CoreLog)
-        /// An unknown device presented `entry` (an enrol with a valid invite, or a legacy enrol):
-        /// write it to the roster as a local change, then report ``joinerAdmitted``.
-        case admitJoiner(SessionID, RosterEntry)
+        /// Store the entries that admit an unknown device as one local change, then report ``joinerAdmitted``.
+        case admitDevice(SessionID, device: DeviceID, entries: [RosterEntry])
         /// File work for attachments, on the shell's attachment queue (ReplicationCore+Attachments.swift).
         case attachmentIO(AttachmentIO)
         /// Record these checked reports in storage (ReplicationCore+Gossip.swift); if that grew
@@ -97,6 +96,7 @@ struct ReplicationCore {
     /// session that brought them: a catch-up's roster chunk and the chunks with the new device's
     /// writes may be committed separately, and another session may forward those writes first.
     var provisionalClaims: [ReplicaID: SessionID] = [:]
+    var proof = MemberProof()  // this device's proof of admission (ReplicationCore+Proof.swift)
 
     /// `reports`: the reports storage holds (this node's own last one among them).
     init(settings: Settings, roster: Roster, reports: [SeenReport] = []) {
@@ -273,8 +273,8 @@ struct ReplicationCore {
         case .auth(let signature, let lostSince):
             sessions[id]!.peerLostSince = lostSince
             return admit(id, signature: signature, now: now, state: state)
-        case .join(let entry):
-            return join(id, entry: entry, now: now, wallClock: wallClock)
+        case .join(let entries):
+            return join(id, entries: entries, now: now, wallClock: wallClock, state: state)
         case .applyChunk(var delta, let index, let count, let records, let stable):
             lastActivity = now
             guard sessions[id]!.phase == .established else { return refuse(id, .notAdmitted, "data before admission", now: now) }
@@ -359,7 +359,7 @@ struct ReplicationCore {
                     ])),
                     .event(.divergenceDetail(info, collections: collections, writers: writers))]
         case .close(let reason, let text, let notifyPeer):
-            if notifyPeer { return refuse(id, reason, text, now: now) }
+            if notifyPeer { return refuse(id, reason, text, now: now) } else if reason == .notAdmitted { peerRefusedUs(id) }
             var session = sessions[id]!
             session.close(with: nil, reason: .peerClosed(reason, detail: text), now: now)
             sessions[id] = session
