@@ -231,6 +231,46 @@ struct DevicesTests {
         }
     }
 
+    @Test("a member's self-promotion and a device it adds, in one frame with its claim on a fresh replica ID, are refused as not yet; nothing is stored")
+    func selfPromotion() async throws {
+        let admin = try Device { try Replica.create(at: $0, name: "admin", logger: $1) }
+        defer { Task { await admin.close() } }
+        try await admin.sync()
+        let code = try await admin.replica.invite(role: .member)
+        let member = try Device { try Replica.join(at: $0, name: "member", invite: code, logger: $1) }
+        defer { Task { await member.close() } }
+        try await member.sync([admin])
+        #expect(await eventually { member.replica.role == .member && admin.replica.state.digest == member.replica.state.digest })
+
+        let key = try DeviceKey.load(from: member.directory + "/" + Replica.deviceKeyFile)
+        let identity = LocalIdentity(key: key, groupID: member.replica.groupID)
+        let roster = member.replica.roster()
+        var clock = HybridLogicalClock()
+        let fresh = ReplicaID.random()
+        let claim = try RosterEntry.make(.writer(fresh), context: roster.context(for: key.deviceID, at: clock.tick()), signer: key)
+        let afterClaim = roster.adding([claim])
+        let promote = try RosterEntry.make(.add(device: key.publicKey, name: "member", role: .admin),
+                                           context: afterClaim.context(for: key.deviceID, at: clock.tick()), signer: key)
+        let evil = DeviceKey.generate()
+        let addEvil = try RosterEntry.make(.add(device: evil.publicKey, name: "evil", role: .admin),
+                                           context: afterClaim.adding([promote]).context(for: key.deviceID, at: clock.tick()), signer: key)
+        var map = RecordMap()
+        var delta = RecordMap.empty()
+        let now = HLCTimestamp(physicalMilliseconds: HybridLogicalClock.wallClock(), logical: 0)
+        for entry in [claim, promote, addEvil] { delta.merge(try map.write(entry.fields, to: entry.recordKey, at: now, by: fresh)) }
+        let frame = Message.delta(WireDelta.encode(delta, with: WireDictionary(startingAt: HybridLogicalClock.wallClock()))).encodedFrame()
+
+        let before = admin.replica.state.digest
+        let reason = try await Self.send([frame], to: admin.port, as: identity,
+                                         until: { admin.replica.state.contains(promote.recordKey) })
+        #expect(reason == .other)
+        #expect(await eventually { admin.lines.all.contains { $0.contains("closing session") && $0.contains("never been an admin") } })
+        #expect(admin.replica.state.digest == before)
+        for entry in [claim, promote, addEvil] { #expect(!admin.replica.state.contains(entry.recordKey)) }
+        #expect(admin.replica.roster().devices[evil.deviceID] == nil)
+        #expect(admin.replica.roster().role(of: key.deviceID) == .member)
+    }
+
     @Test("a member's writes under a replica ID no device claims are refused (reason 14, a warning, nothing stored); with a claim in the same frame they land")
     func unclaimedReplica() async throws {
         let admin = try Device { try Replica.create(at: $0, name: "admin", logger: $1) }
