@@ -26,9 +26,9 @@ struct DevicesTests {
         }
 
         @discardableResult
-        func sync(_ peers: [Device] = []) async throws -> UInt16 {
+        func sync(_ peers: [Device] = [], limits: SyncLimits = SyncLimits()) async throws -> UInt16 {
             port = try await replica.startSync(SyncConfiguration(security: .tls, listen: .loopback(0),
-                                                                 peers: peers.map { .loopback($0.port) }))
+                                                                 peers: peers.map { .loopback($0.port) }, limits: limits))
             return port
         }
 
@@ -80,12 +80,22 @@ struct DevicesTests {
         let fourth = try Device { try Replica.join(at: $0, name: "fourth", invite: codes[0], logger: $1) }
         defer { Task { await fourth.close() } }
         try await fourth.replica.save(Location(name: "the fourth's"))
-        try await fourth.sync([admin])
+        var limits = SyncLimits()
+        limits.rejectedDialBackoff = Backoff(first: .seconds(2), max: .seconds(4))  // shorter than 5 s → 5 min, to see it
+        try await fourth.sync([admin], limits: limits)
         #expect(await eventually { await statusText(fourth).contains("already used") })
         #expect(fourth.names() == ["the fourth's"])
         #expect(!admin.names().contains("the fourth's"))
         #expect(admin.replica.roster().devices[fourth.replica.deviceID] == nil)
         #expect(admin.lines.all.contains { $0.contains("already used") })
+        // It backs off as from any refusal (the rejected backoff, not the 0.2 s of a lost
+        // connection) and says why once, not at every attempt (the third starts after two ended).
+        #expect(await eventually(timeout: .seconds(30)) { await fourth.replica.syncHealth().limits.dialAttempts >= 3 })
+        let said = fourth.lines.all.filter { $0.contains("already used") }
+        #expect(said.count == 1 && said.allSatisfy { $0.hasPrefix("warning peer disconnected") }, "\(fourth.lines.all)")
+        let redials = fourth.lines.all.filter { $0.contains("dialed peer refused") }
+        #expect(redials.count == 1 && redials.allSatisfy { $0.contains("dial.retryInSeconds=1") || $0.contains("dial.retryInSeconds=2") },
+                "\(redials)")
 
         // An invite that expired before it was used: refused.
         let shortLived = try await admin.replica.invite(expires: .milliseconds(20))
@@ -142,8 +152,12 @@ struct DevicesTests {
         try await d.replica.save(Location(name: "D after its removal"))
         try await a.replica.save(Location(name: "A after the removal"))
         #expect(await eventually { b.names().contains("A after the removal") && c.names().contains("A after the removal") })
-        // D keeps redialing A and C and is refused each time; give it a few rounds.
-        #expect(await eventually { d.lines.all.filter { $0.contains("removed from the group") }.count >= 3 })
+        // D keeps redialing A and C (backing off: 5 s, doubling) and is refused each time; give it
+        // a round. It says why once per member, not at every attempt.
+        let refusedD = { (member: Device) in member.lines.all.filter { $0.contains("closing session: this device was removed") }.count }
+        #expect(await eventually(timeout: .seconds(30)) { refusedD(a) >= 2 && refusedD(c) >= 2 })
+        let said = d.lines.all.filter { $0.hasPrefix("warning") && $0.contains("peer closed the session (this device was removed") }
+        #expect(said.count == 2, "\(said)")
         for member in [a, b, c] {
             #expect(!member.names().contains("D after its removal"))
             #expect(member.names().contains("D before its removal"))  // what it wrote before stays

@@ -320,6 +320,33 @@ struct LimitsTests {
         }
     }
 
+    @Test("a configured peer that refuses this node at admission (a spent invite, this device removed) is redialed after 5 s doubling to 5 min")
+    func configuredPeerRefusingBacksOff() {
+        var scheduler = Self.scheduler()
+        let peer = Self.address(4)
+        scheduler.add(peer, source: .configured, now: t0)
+        var now = t0
+        var waits: [Duration] = []
+        for _ in 0..<9 {
+            #expect(scheduler.due(now: now) == [peer])
+            scheduler.ended(peer, .refusedByPeer, now: now, jitter: 0)
+            let next = scheduler.nextWakeup()!
+            #expect(scheduler.due(now: next - .milliseconds(1)).isEmpty)
+            waits.append(next - now)
+            now = next
+        }
+        #expect(waits == [5, 10, 20, 40, 80, 160, 300, 300, 300].map { Duration.seconds($0) })
+        #expect(scheduler.rejectedTargets == 1)
+        // A session at last: the next refusal starts from 5 s again.
+        #expect(scheduler.due(now: now) == [peer])
+        scheduler.established(peer)
+        scheduler.ended(peer, .established(lasted: .seconds(60)), now: now, jitter: 0)
+        now = scheduler.nextWakeup()!
+        #expect(scheduler.due(now: now) == [peer])
+        scheduler.ended(peer, .refusedByPeer, now: now, jitter: 0)
+        #expect(scheduler.nextWakeup()! - now == .seconds(5))
+    }
+
     @Test("withdrawn and announced again, a refused address keeps its backoff")
     func reannounced() {
         var scheduler = Self.scheduler()
@@ -379,9 +406,12 @@ struct LimitsTests {
         #expect(outcome(.connectionLost(detail: "")) == .failed)
         #expect(outcome(.connectionLost(detail: ""), established: true) == .established(lasted: lasted))
         #expect(outcome(.handshakeFailed(detail: "timeout")) == .rejected)
-        #expect(outcome(.peerClosed(.notAdmitted, detail: "another group")) == .rejected)
+        #expect(outcome(.peerClosed(.notAdmitted, detail: "another group")) == .refusedByPeer)
+        #expect(outcome(.peerClosed(.notAdmitted, detail: "invite 3f2a9c01 was already used by K4QZ")) == .refusedByPeer)
+        #expect(outcome(.peerClosed(.protocolVersion, detail: "")) == .refusedByPeer)
+        #expect(outcome(.peerClosed(.clockSkew, detail: "")) == .rejected)
         #expect(outcome(.refused(.notAdmitted, detail: "the peer belongs to another sync group")) == .rejected)
-        #expect(outcome(.peerClosed(.deviceRemoved, detail: ""), established: true) == .rejected)
+        #expect(outcome(.peerClosed(.deviceRemoved, detail: ""), established: true) == .refusedByPeer)
         #expect(outcome(.refused(.protocolVersion, detail: "")) == .rejected)
         #expect(outcome(.refused(.clockSkew, detail: "")) == .rejected)
         #expect(outcome(.refused(.timeout, detail: "no hello within 10 s")) == .rejected)

@@ -21,7 +21,11 @@ import PeerSyncWire
 ///   the ordinary backoff.
 /// - A session that fails to authenticate or is refused (``Outcome/rejected``) redials with
 ///   ``SyncLimits/rejectedDialBackoff``, growing to minutes: 100 forged adverts cost a few
-///   attempts a minute, and cannot take the slots a real peer needs.
+///   attempts a minute, and cannot take the slots a real peer needs. A configured peer is
+///   retried within the ordinary backoff then (a slow machine's handshake timeout), unless the
+///   peer itself refused this node at admission (``Outcome/refusedByPeer``: a used or expired
+///   invite, this device removed, another group or version), which asking again every few
+///   seconds does not change.
 /// - An address found again keeps its backoff, also after it was withdrawn (``remove(_:)``
 ///   drops it once its attempt or session ends; the last ``rememberedLimit`` refused addresses
 ///   are remembered), so re-announcing a forged advert does not buy it an early attempt.
@@ -62,6 +66,9 @@ struct DialScheduler {
         case failed
         /// The session failed to authenticate or was refused (see ``SyncLimits/rejectedDialBackoff``).
         case rejected
+        /// The peer refused this node at admission (not admitted, removed, another protocol
+        /// version): redialed with ``SyncLimits/rejectedDialBackoff``, a configured peer too.
+        case refusedByPeer
         /// A session with this peer runs the other way round (or this one was the duplicate).
         case connectedElsewhere
         /// The node is stopping.
@@ -76,6 +83,8 @@ struct DialScheduler {
                 self = .connectedElsewhere
             case .handshakeFailed:
                 self = .rejected
+            case .peerClosed(.notAdmitted, _), .peerClosed(.deviceRemoved, _), .peerClosed(.protocolVersion, _):
+                self = .refusedByPeer
             case .refused(let close, _), .peerClosed(let close, _):
                 self = Self.isRejection(close, established: established) ? .rejected
                     : established ? .established(lasted: lasted) : .failed
@@ -246,12 +255,13 @@ struct DialScheduler {
         case .failed:
             target.failures += 1
             delay = (target.isUnanswered ? settings.unanswered : settings.reconnect).delay(afterFailures: target.failures - 1, unit: jitter)
-        case .rejected:
+        case .rejected, .refusedByPeer:
             target.rejections += 1
             hostRejections[address.host, default: 0] += 1
-            // A peer the user configured is not a forged advert: a refusal or a handshake that
-            // timed out (a slow or busy machine) is retried as any failure, within seconds.
-            delay = target.sources.contains(.configured)
+            // A peer the user configured is not a forged advert: a handshake that timed out (a
+            // slow or busy machine) is retried as any failure, within seconds. Not a refusal the
+            // peer made on purpose (a used invite, this device removed): it would say it again.
+            delay = target.sources.contains(.configured) && outcome == .rejected
                 ? settings.reconnect.delay(afterFailures: target.rejections - 1, unit: jitter)
                 : settings.rejected.delay(afterFailures: target.rejections - 1, unit: jitter)
         case .connectedElsewhere, .stopped:

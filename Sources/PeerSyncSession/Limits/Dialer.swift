@@ -85,12 +85,12 @@ actor Dialer {
             ?? .connectedElsewhere
         let now = ContinuousClock.now
         scheduler.ended(address, outcome, now: now, jitter: .random(in: -1...1))
-        if outcome == .rejected, let target = scheduler.targets[address], case .waiting(let until) = target.phase {
-            // One line per refused attempt: with the backoff, a few a minute at most per address.
-            logger.info("dialed peer refused or failed to authenticate; redialing later", metadata: [
-                "peer.address": "\(address)", "dial.refusals": "\(target.rejections)",
-                "dial.retryInSeconds": "\((until - now).components.seconds)",
-            ])
+        if outcome == .rejected || outcome == .refusedByPeer, let target = scheduler.targets[address],
+           case .waiting(let until) = target.phase {
+            // The first refusal in a row at info, the next ones at debug (the backoff spaces them).
+            logger.log(level: target.rejections == 1 ? .info : .debug, "dialed peer refused or failed to authenticate; redialing later",
+                       metadata: ["peer.address": "\(address)", "dial.refusals": "\(target.rejections)",
+                                  "dial.retryInSeconds": "\((until - now).components.seconds)"])
         }
         running[address] = nil
         wake()
