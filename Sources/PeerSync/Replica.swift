@@ -229,7 +229,7 @@ public actor Replica {
                 let address = PeerAddress(host: peer.host, port: peer.port)
                 guard id > replicaID else { continue }
                 logger.info("discovered a peer", metadata: ["peer.id": "\(id.shortDescription)", "peer.address": "\(address)"])
-                await node?.discovered(address, serviceName: peer.serviceName)
+                await node?.discovered(address, serviceName: peer.serviceName, replicaID: id)
             case .lost(let serviceName):
                 // Not redialed once its session ends; liveness comes from the session, not DNS-SD.
                 await node?.lost(serviceName: serviceName)

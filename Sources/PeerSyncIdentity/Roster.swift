@@ -288,6 +288,14 @@ public struct Roster: Sendable {
     /// receipt, except in a group upgraded from a shared secret (``isUpgradedFromSharedSecret``).
     public func isClaimed(_ replica: ReplicaID) -> Bool { writers[replica] != nil || claimsOfRemovedDevices[replica] != nil }
 
+    /// Replica IDs claimed by devices since removed, whether their claim counted or not (a node
+    /// does not dial an address where one of them is).
+    public var replicasOfRemovedDevices: Set<ReplicaID> {
+        var replicas = Set(claimsOfRemovedDevices.keys)
+        for (replica, device) in writers where isRemoved(device) { replicas.insert(replica) }
+        return replicas
+    }
+
     /// Whether the group was upgraded from a shared secret (it holds a legacyGenesis or
     /// legacyEnrol entry; their group is checked against the legacy key when decoding, so no
     /// device can make another group look upgraded). Devices of the previous version wrote

@@ -166,6 +166,38 @@ struct DevicesTests {
         #expect(a.replica.roster().isRemoved(d.replica.deviceID))
     }
 
+    @Test("a member whose --peer is a removed device stops dialing it: at once if connected, or while it is away; it says so once")
+    func removedPeerNotRedialed() async throws {
+        let group = try LocalGroup.make(names: ["A", "D", "E"])
+        let devices = try (0..<3).map { i in try Device { try Replica.create(at: $0, member: i, of: group, logger: $1) } }
+        defer { Task { for device in devices { await device.close() } } }
+        let (a, d, e) = (devices[0], devices[1], devices[2])
+        // A dials D and E (configured); neither dials A.
+        try await d.sync()
+        try await e.sync()
+        try await a.sync([d, e])
+        #expect(await eventually {
+            let (ad, ae) = (await a.connected(to: d), await a.connected(to: e))
+            return ad && ae
+        })
+        #expect(await a.replica.syncHealth().limits.dialTargets == 2)
+        // E goes away first (A keeps redialing its address); then A removes both.
+        await e.replica.stopSync()
+        #expect(await eventually { !(await a.connected(to: e)) })
+        try await a.replica.removeDevice(d.replica.deviceID)
+        try await a.replica.removeDevice(e.replica.deviceID)
+        #expect(await eventually { !(await a.connected(to: d)) })
+        // Neither address is dialed any more: D's after A refused it on the session A had dialed,
+        // E's because a session there had shown E's replica ID, which the roster now says is a
+        // removed device's. One line each.
+        #expect(await eventually { await a.replica.syncHealth().limits.dialTargets == 0 })
+        await a.replica.addPeer(.loopback(d.port))
+        #expect(await a.replica.syncHealth().limits.dialTargets == 0)
+        let said = a.lines.all.filter { $0.contains("not dialing a removed device") }
+        #expect(said.count == 2, "\(said)")
+        #expect(a.lines.all.filter { $0.contains("closing session") && $0.contains(d.replica.deviceID.shortForm) }.count == 1)
+    }
+
     @Test("a member offline during the removal learns it from the next member it meets, then refuses the removed device and drops its late writes")
     func offlineMemberLearnsTheRemoval() async throws {
         let group = try LocalGroup.make(names: ["A", "B", "D"])
