@@ -147,6 +147,11 @@ struct DevicesTests {
         let dropped = ContinuousClock.now - started
         print("reliability: removal → every member dropped the removed device's sessions in \(Int(dropped.millisecondsDouble)) ms")
         #expect(await eventually { await statusText(d).contains("removed") })
+        // D never receives the removal entry (members refuse it first): a member's refusal says
+        // by whom and when, and the status keeps saying so whatever D's sessions do next.
+        let notice = await d.replica.removal
+        #expect(notice?.source != .roster && notice?.detail.contains("was removed from the group by A at 20") == true, "\(String(describing: notice))")
+        #expect(await statusText(d).hasPrefix("this device was removed from the group, says the peer at 127.0.0.1:"))
 
         // D writes on; members write on.
         try await d.replica.save(Location(name: "D after its removal"))
@@ -196,6 +201,28 @@ struct DevicesTests {
         let said = a.lines.all.filter { $0.contains("not dialing a removed device") }
         #expect(said.count == 2, "\(said)")
         #expect(a.lines.all.filter { $0.contains("closing session") && $0.contains(d.replica.deviceID.shortForm) }.count == 1)
+    }
+
+    @Test("a device that holds its own removal says so, by whom and when, with sync off and on")
+    func ownRosterSaysRemoved() async throws {
+        let group = try LocalGroup.make(names: ["A", "B"])
+        let devices = try (0..<2).map { i in try Device { try Replica.create(at: $0, member: i, of: group, logger: $1) } }
+        defer { Task { for device in devices { await device.close() } } }
+        let (a, b) = (devices[0], devices[1])
+        #expect(await b.replica.removal == nil)
+        // A removes B. Members refuse B before it could receive the entry; here B's store gets it
+        // anyway (as a copy of a member's store would have it).
+        try await a.replica.removeDevice(b.replica.deviceID)
+        let id = try #require(a.replica.roster().devices[b.replica.deviceID]?.removal?.entry)
+        let entry = try #require(a.replica.roster().entries[id])
+        try b.replica.store.write { $0.write(entry.fields, to: entry.recordKey) }
+        let notice = try #require(await b.replica.removal)
+        #expect(notice.source == .roster && notice.by == "A" && notice.at != nil)
+        #expect(notice.description.hasPrefix("this device was removed from the group by A at 20"), "\(notice)")
+        try await b.sync()
+        #expect(await b.replica.currentStatus == .error(.removedFromGroup(notice)))
+        await b.replica.stopSync()
+        #expect(await b.replica.currentStatus == .disabled)
     }
 
     @Test("a member offline during the removal learns it from the next member it meets, then refuses the removed device and drops its late writes")
