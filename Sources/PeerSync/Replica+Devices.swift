@@ -229,6 +229,24 @@ extension Replica {
     /// This device's role, or nil if it is not (or no longer, or not yet) an active member.
     public nonisolated var role: DeviceRole? { roster().role(of: deviceID) }
 
+    /// What this device knows of its own removal: the signed removal in its roster, or else what
+    /// a peer that refused it as removed said while sync ran (nil: nothing).
+    public var removal: RemovalNotice? { RemovalNotice(roster: roster(), device: deviceID) ?? removalNoted }
+
+    /// Notes that this device was removed, and says so in the status from now on. A removal in
+    /// the roster (signed) is not replaced by a peer's word.
+    func noteRemoval(_ notice: RemovalNotice) {
+        if case .roster? = removalNoted?.source, notice.source != .roster { return }
+        if removalNoted == nil { logger.warning("this device was removed from the group", metadata: ["removal": "\(notice)"]) }
+        removalNoted = notice
+        setStatus(status)
+    }
+
+    /// Notes this device's removal if `roster` holds it.
+    func noteRemoval(in roster: Roster) {
+        if let notice = RemovalNotice(roster: roster, device: deviceID) { noteRemoval(notice) }
+    }
+
     /// Resolves a device ID, its human form, or a unique prefix of it.
     public nonisolated func device(matching text: String) throws(DeviceAdministrationError) -> Roster.Device {
         let roster = self.roster()

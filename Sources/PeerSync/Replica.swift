@@ -35,7 +35,9 @@ public actor Replica {
     var currentNode: SyncNode? { node }
     private var discovery: PeerDiscovery?
     private var tasks: [Task<Void, Never>] = []
-    private var status = SyncStatus.disabled
+    private(set) var status = SyncStatus.disabled
+    /// This device's removal as sync learned it; while set, the sync status says so (Replica+Devices.swift).
+    var removalNoted: RemovalNotice?
     private var configuration: SyncConfiguration?
     /// Convergence repairs and refused sessions of the current sync run (Replica+Health.swift).
     var repairs = 0
@@ -51,9 +53,8 @@ public actor Replica {
     /// Runs compaction steps off the actor (Replica+Compaction.swift).
     nonisolated let compactionScheduler = CompactionScheduler()
 
-    /// Opens the replica at `directory`, creating it (named `name`, default the host name) with a
-    /// new group of which this device is the first admin if there is none. Fast, never touches
-    /// the network.
+    /// Opens the replica at `directory`, creating it (named `name`, default the host name) with a new group
+    /// of which this device is the first admin if there is none. Fast, never touches the network.
     public static func open(at directory: String, name: String? = nil, logger: Logger = Logger(label: "peersync")) throws -> Replica {
         guard FileManager.default.fileExists(atPath: ReplicaStore.path(in: directory)) else {
             return try create(at: directory, name: name ?? ProcessInfo.processInfo.hostName, logger: logger)
@@ -163,7 +164,8 @@ public actor Replica {
         changeSubscribers.yield(change)
     }
 
-    private func setStatus(_ new: SyncStatus, force: Bool = false) {
+    func setStatus(_ new: SyncStatus, force: Bool = false) {
+        let new = removalNoted.map { new == .disabled ? new : .error(.removedFromGroup($0)) } ?? new
         guard force || new != status else { return }
         status = new
         statusSubscribers.yield(new)
@@ -187,6 +189,7 @@ public actor Replica {
         let replicator = Replicator(storage: StoreSyncStorage(store, key: deviceKey, groupID: groupID), replicaID: store.replicaID, name: store.state.name,
                                     identity: identity, configuration: configuration, logger: logger)
         self.replicator = replicator
+        noteRemoval(in: roster())
         setStatus(.connecting)
         tasks.append(Task { await self.follow(replicator.events()) })
         tasks.append(Task { await self.watchOtherProcesses() })
@@ -232,7 +235,7 @@ public actor Replica {
                 let address = PeerAddress(host: peer.host, port: peer.port)
                 guard id > replicaID else { continue }
                 logger.info("discovered a peer", metadata: ["peer.id": "\(id.shortDescription)", "peer.address": "\(address)"])
-                await node?.discovered(address, serviceName: peer.serviceName)
+                await node?.discovered(address, serviceName: peer.serviceName, replicaID: id)
             case .lost(let serviceName):
                 // Not redialed once its session ends; liveness comes from the session, not DNS-SD.
                 await node?.lost(serviceName: serviceName)
@@ -326,9 +329,9 @@ public actor Replica {
                 setStatus(.syncing(progress: nil))
             case .peerDisconnected(let info, let reason):
                 peerNames[info.replicaID] = nil
-                if case .peerClosed(.deviceRemoved, _) = reason {
+                if case .peerClosed(.deviceRemoved, let detail) = reason {
                     // A member's roster says this device was removed: nobody will sync with it.
-                    setStatus(.error(.removedFromGroup))
+                    noteRemoval(RemovalNotice(peer: info.address, detail: detail))
                 } else if peerNames.isEmpty, case .peerClosed(let code, _) = reason,
                           ![.normal, .shuttingDown, .duplicateConnection].contains(code) {
                     // The peer refused us (an invite it would not take, clock skew, …): say why.
@@ -336,8 +339,8 @@ public actor Replica {
                 } else if peerNames.isEmpty {
                     setStatus(.connecting)
                 }
-            case .sessionRefused(_, .peerClosed(.deviceRemoved, _)):
-                setStatus(.error(.removedFromGroup))
+            case .sessionRefused(let address, .peerClosed(.deviceRemoved, let detail)):
+                noteRemoval(RemovalNotice(peer: address, detail: detail))
             case .sessionRefused(let address, let reason):
                 if peerNames.isEmpty { setStatus(.error(.session(address: address, reason: reason))) }
                 if case .refused(.overloaded, _) = reason {
@@ -353,6 +356,7 @@ public actor Replica {
                 await publishHealth()
                 setStatus(.inSync(lastSync: Date(), peers: peerNames.values.sorted()))
             case .converged:
+                if case .peer? = removalNoted?.source { removalNoted = nil }  // a member synced with it: a peer's word was wrong
                 setStatus(.inSync(lastSync: Date(), peers: peerNames.values.sorted()))
             case .divergenceRepaired(_, let count):
                 repairs = count
@@ -397,7 +401,7 @@ public actor Replica {
                     logger.error("cannot record the completed join", metadata: ["error": "\(error)"])
                 }
             case .rosterChanged(let roster, let removedSelf):
-                if removedSelf { setStatus(.error(.removedFromGroup)) }
+                if removedSelf { noteRemoval(in: roster) }
                 purgeRefusedWrites(roster)
             case .gossipReceived:
                 scheduleCompaction()

@@ -34,6 +34,47 @@ public enum SyncStatus: Sendable, Equatable {
     case error(SyncIssue)
 }
 
+/// What this device knows of its own removal from the group (``Replica/removal``).
+public struct RemovalNotice: Sendable, Equatable, CustomStringConvertible {
+    public enum Source: Sendable, Equatable {
+        /// This device holds the admin's signed removal entry.
+        case roster
+        /// A peer refused this device as removed (error reason 13). The removed device is sent
+        /// nothing, so it rarely holds the entry itself; this is the peer's word, kept while the
+        /// replica is open, until a peer syncs with it to equal digests.
+        case peer(address: String)
+    }
+
+    public let source: Source
+    /// The admin who removed this device (its name, else its short device ID), if known here.
+    public let by: String?
+    /// When the removal was signed, if known here.
+    public let at: Date?
+    /// One line: the roster's account (`removed from the group by Ana at …`), or the peer's words.
+    public let detail: String
+
+    /// The removal of `device` in `roster`, if it is removed there.
+    init?(roster: Roster, device: DeviceID) {
+        guard let removal = roster.devices[device]?.removal ?? roster.banned[device],
+              let detail = roster.removalText(of: device) else { return nil }
+        (source, self.detail) = (.roster, detail)
+        by = roster.devices[removal.by]?.name ?? removal.by.shortForm
+        at = Date(timeIntervalSince1970: Double(removal.at.physicalMilliseconds) / 1000)
+    }
+
+    /// A peer at `address` refused this device as removed, saying `detail`.
+    init(peer address: String, detail: String) {
+        (source, by, at, self.detail) = (.peer(address: address), nil, nil, detail)
+    }
+
+    public var description: String {
+        switch source {
+        case .roster: "this device was \(detail)"
+        case .peer(let address): "this device was removed from the group, says the peer at \(address): \(detail)"
+        }
+    }
+}
+
 /// What stops sync, in terms a person can act on.
 public enum SyncIssue: Sendable, Equatable, CustomStringConvertible {
     /// A session to `address` failed or was refused, and no peer is connected.
@@ -41,13 +82,13 @@ public enum SyncIssue: Sendable, Equatable, CustomStringConvertible {
     /// The local store cannot be read.
     case storage(String)
     /// This device was removed from the group by an admin: it can no longer sync.
-    case removedFromGroup
+    case removedFromGroup(RemovalNotice)
 
     public var description: String {
         switch self {
         case .session(let address, let reason): "\(address): \(reason)"
         case .storage(let detail): "storage: \(detail)"
-        case .removedFromGroup: "this device was removed from the group"
+        case .removedFromGroup(let notice): "\(notice)"
         }
     }
 }

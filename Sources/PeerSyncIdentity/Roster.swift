@@ -288,6 +288,22 @@ public struct Roster: Sendable {
     /// receipt, except in a group upgraded from a shared secret (``isUpgradedFromSharedSecret``).
     public func isClaimed(_ replica: ReplicaID) -> Bool { writers[replica] != nil || claimsOfRemovedDevices[replica] != nil }
 
+    /// Replica IDs claimed by devices since removed, whether their claim counted or not (a node
+    /// does not dial an address where one of them is).
+    public var replicasOfRemovedDevices: Set<ReplicaID> {
+        var replicas = Set(claimsOfRemovedDevices.keys)
+        for (replica, device) in writers where isRemoved(device) { replicas.insert(replica) }
+        return replicas
+    }
+
+    /// `removed from the group by Ana at 2026-11-20T14:03:07Z` for a removed (or banned) device
+    /// (the remover's name, else its short device ID); nil for any other.
+    public func removalText(of device: DeviceID) -> String? {
+        guard let removal = devices[device]?.removal ?? banned[device] else { return nil }
+        return "removed from the group by \(devices[removal.by]?.name ?? removal.by.shortForm) at "
+            + wallClockText(removal.at.physicalMilliseconds)
+    }
+
     /// Whether the group was upgraded from a shared secret (it holds a legacyGenesis or
     /// legacyEnrol entry; their group is checked against the legacy key when decoding, so no
     /// device can make another group look upgraded). Devices of the previous version wrote

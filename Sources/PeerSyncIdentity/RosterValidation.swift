@@ -132,30 +132,11 @@ extension Roster {
             fresh.append((recordID, entry))
         }
 
-        // What every known or incoming entry says about keys, admins and invites. Only ever grows
-        // with more entries, so a refusal below can only turn into an acceptance later.
-        let union = Array(entries.values) + fresh.map(\.1)
-        var introduced: Set<DeviceID> = []
-        var everAdmin: Set<DeviceID> = []
-        var invitesByHash: [InviteHash: [(role: DeviceRole, expiresAt: UInt64)]] = [:]
-        for entry in union {
-            if case let .invite(hash, role, expiresAt) = entry.payload { invitesByHash[hash, default: []].append((role, expiresAt)) }
-        }
-        for entry in union {
-            switch entry.payload {
-            case .genesis, .legacyEnrol:
-                introduced.insert(entry.signer)
-                everAdmin.insert(entry.signer)
-            case let .add(key, _, role):
-                introduced.insert(key.deviceID)
-                if role == .admin { everAdmin.insert(key.deviceID) }
-            case let .enrol(token, _):
-                introduced.insert(entry.signer)
-                if invitesByHash[token.hash]?.contains(where: { $0.role == .admin }) == true { everAdmin.insert(entry.signer) }
-            default:
-                break
-            }
-        }
+        // What the known and incoming entries prove about keys, admins and invites, counting an
+        // entry only once its signer's authority is proven (no entry vouches for itself). Only
+        // ever grows with more entries, so a refusal below can only turn into an acceptance later.
+        let proof = ProvenAuthority(Array(entries.values) + fresh.map(\.1))
+        let (introduced, everAdmin, invitesByHash) = (proof.introduced, proof.everAdmin, proof.invites)
 
         var accepted: [RosterEntry] = []
         for (recordID, entry) in fresh {
@@ -164,13 +145,8 @@ extension Roster {
             switch entry.payload {
             case .genesis, .legacyGenesis, .legacyEnrol:
                 break // self-introducing; signature and proof were checked when decoding
-            case let .enrol(token, _):
-                let invites = invitesByHash[token.hash] ?? []
-                if invites.isEmpty {
-                    reason = "no invite \(token.hash) is known"
-                } else if let latest = invites.map(\.expiresAt).max(), entry.timestamp.physicalMilliseconds > latest {
-                    reason = "invite \(token.hash) expired at \(wallClockText(latest)), before this enrol"
-                }
+            case .enrol:
+                reason = ProvenAuthority.enrolRefusal(entry, invites: invitesByHash)
             case .add, .remove, .invite, .revokeInvite, .closeLegacy:
                 if !introduced.contains(signer) {
                     reason = "signer \(signer.shortForm) is not a known device"
@@ -199,5 +175,77 @@ extension Roster {
         result.noEffect = updated.ineffective.filter { acceptedIDs.contains($0.entry.id) }
         result.roster = updated
         return result
+    }
+}
+
+/// Which devices a set of roster entries proves known ("introduced") and ever an admin, and
+/// which invites it proves made by an admin, for ``Roster/validate(incoming:)``.
+///
+/// Authority is rooted: the genesis and legacyEnrol entries prove themselves (their signature
+/// and legacy proof are checked when decoding); an `add` introduces its device, and an admin
+/// `add` makes it an admin, only if its signer is proven an admin; an `invite` counts only if
+/// its signer is; an enrol introduces its signer only with such an invite, unexpired at the
+/// enrol's timestamp (an admin invite makes it an admin). So a member's `add(own key, admin)`,
+/// two members promoting each other, or a member's invite used by a key of its own prove
+/// nothing, while a chain from the genesis (X adds Y as admin, Y adds Z) arriving in one batch,
+/// in any order, proves every link. Time is not looked at (the roster's evaluation does that):
+/// this only decides what may be stored.
+struct ProvenAuthority {
+    typealias Invite = (role: DeviceRole, expiresAt: UInt64)
+
+    let introduced: Set<DeviceID>
+    let everAdmin: Set<DeviceID>
+    /// Invites signed by a proven admin, by hash.
+    let invites: [InviteHash: [Invite]]
+
+    /// Each entry is looked at once, when the device it waits for is proven an admin (an enrol:
+    /// again for each proven invite with its hash): O(entries) for honest rosters.
+    init(_ entries: [RosterEntry]) {
+        var introduced: Set<DeviceID> = []
+        var everAdmin: Set<DeviceID> = []
+        var invites: [InviteHash: [Invite]] = [:]
+        var waitingForAdmin: [DeviceID: [RosterEntry]] = [:]  // adds and invites, by signer
+        var waitingForInvite: [InviteHash: [RosterEntry]] = [:]  // enrols, by the hash of their token
+        var newAdmins: [DeviceID] = []
+        func introduce(_ device: DeviceID, admin: Bool) {
+            introduced.insert(device)
+            if admin, everAdmin.insert(device).inserted { newAdmins.append(device) }
+        }
+        for entry in entries {
+            switch entry.payload {
+            case .genesis, .legacyEnrol: introduce(entry.signer, admin: true)
+            case .add, .invite: waitingForAdmin[entry.signer, default: []].append(entry)
+            case .enrol(let token, _): waitingForInvite[token.hash, default: []].append(entry)
+            default: break
+            }
+        }
+        while let admin = newAdmins.popLast() {
+            for entry in waitingForAdmin.removeValue(forKey: admin) ?? [] {
+                switch entry.payload {
+                case let .add(key, _, role):
+                    introduce(key.deviceID, admin: role == .admin)
+                case let .invite(hash, role, expiresAt):
+                    invites[hash, default: []].append((role, expiresAt))
+                    let adminInvite = invites[hash]!.contains { $0.role == .admin }
+                    for enrol in waitingForInvite[hash] ?? [] where Self.enrolRefusal(enrol, invites: invites) == nil {
+                        introduce(enrol.signer, admin: adminInvite)
+                    }
+                default:
+                    break
+                }
+            }
+        }
+        (self.introduced, self.everAdmin, self.invites) = (introduced, everAdmin, invites)
+    }
+
+    /// Why `enrol` is not acceptable with `invites` (nil: it is).
+    static func enrolRefusal(_ enrol: RosterEntry, invites: [InviteHash: [Invite]]) -> String? {
+        guard case .enrol(let token, _) = enrol.payload else { return nil }
+        let matching = invites[token.hash] ?? []
+        guard let latest = matching.map(\.expiresAt).max() else { return "no invite \(token.hash) is known" }
+        if enrol.timestamp.physicalMilliseconds > latest {
+            return "invite \(token.hash) expired at \(wallClockText(latest)), before this enrol"
+        }
+        return nil
     }
 }

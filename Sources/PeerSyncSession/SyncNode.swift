@@ -109,8 +109,21 @@ public actor SyncNode {
             replicator.emit(.listening(port: port))
             acceptTask = Task { await self.acceptLoop(server) }
         }
+        await followRoster()
         for peer in configuration.peers { await addPeer(peer) }
         return port
+    }
+
+    /// Keeps the dialer told which replica IDs belong to removed devices (never dialed).
+    private func followRoster() async {
+        let (replicator, dialer) = (self.replicator, self.dialer)
+        let events = replicator.events()
+        await dialer.setRemovedReplicas(await replicator.roster.replicasOfRemovedDevices)
+        tasks.append(Task {
+            for await event in events {
+                if case .rosterChanged(let roster, _) = event { await dialer.setRemovedReplicas(roster.replicasOfRemovedDevices) }
+            }
+        })
     }
 
     /// Dials `address` now and again whenever the session ends, with backoff and jitter, until
@@ -119,11 +132,13 @@ public actor SyncNode {
         await dial(address, for: .configured)
     }
 
-    /// Dials `address`, advertised on the LAN as `serviceName`, until ``lost(serviceName:)``.
-    /// Discovered addresses take their turn after static peers; one whose sessions fail to
-    /// authenticate or are refused is redialed with ``SyncLimits/rejectedDialBackoff``.
-    public func discovered(_ address: PeerAddress, serviceName: String) async {
-        await dial(address, for: .discovered(serviceName: serviceName))
+    /// Dials `address`, advertised on the LAN as `serviceName` (for `replicaID`, if the advert
+    /// names one), until ``lost(serviceName:)``. Discovered addresses take their turn after static
+    /// peers; one whose sessions fail to authenticate or are refused is redialed with
+    /// ``SyncLimits/rejectedDialBackoff``; an advert naming a replica ID that a removed device
+    /// claimed is not dialed.
+    public func discovered(_ address: PeerAddress, serviceName: String, replicaID: ReplicaID? = nil) async {
+        await dial(address, for: .discovered(serviceName: serviceName), replica: replicaID)
     }
 
     /// The advertisement `serviceName` was withdrawn: its address is no longer dialed once its
@@ -132,13 +147,13 @@ public actor SyncNode {
         await dialer.remove(.discovered(serviceName: serviceName))
     }
 
-    private func dial(_ address: PeerAddress, for source: DialScheduler.Source) async {
+    private func dial(_ address: PeerAddress, for source: DialScheduler.Source, replica: ReplicaID? = nil) async {
         guard !stopped else { return }
         await dialer.start { [weak self] address, established in
             guard let self else { return Dialer.Result(reason: .localShutdown, established: false, lasted: .zero) }
             return await self.attempt(address, established: established)
         }
-        await dialer.add(address, source: source)
+        await dialer.add(address, source: source, replica: replica)
     }
 
     /// Says goodbye to every peer (each goodbye is flushed before its connection closes, within
@@ -262,6 +277,7 @@ public actor SyncNode {
         let opened = ContinuousClock.now
         var reason = SessionEndReason.connectionLost(detail: "")
         var ended: (reason: SessionEndReason, established: Bool)?
+        var peerReplica: ReplicaID?
         do {
             try await channel.executeThenClose { inbound, outbound in
                 let writer = Task {
@@ -283,6 +299,7 @@ public actor SyncNode {
                 }
                 if let peer = await replicator.peerReplica(of: id), origin.initiator {
                     self.remember(peer, at: origin.address)
+                    peerReplica = peer
                 }
                 if frameError {
                     await writer.value  // the error frame goes out first (bounded by the drain timeout)
@@ -296,7 +313,7 @@ public actor SyncNode {
         }
         ended = await replicator.transportEnded(id, reason: reason) ?? ended
         return Dialer.Result(reason: ended?.reason ?? reason, established: ended?.established ?? false,
-                             lasted: ContinuousClock.now - opened)
+                             lasted: ContinuousClock.now - opened, peer: peerReplica)
     }
 
     private func remember(_ replica: ReplicaID, at address: String) { addressReplica[address] = replica }

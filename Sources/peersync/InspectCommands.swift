@@ -22,6 +22,8 @@ struct Status: AsyncParsableCommand {
         var deviceID: String
         /// admin, member, "joining" or "removed".
         var role: String
+        /// How this device learned it was removed: its roster, or (while a node runs) a peer's refusal.
+        var removal: String?
         var groupID: String
         var name: String
         var store: String
@@ -39,18 +41,21 @@ struct Status: AsyncParsableCommand {
         let store = replica.store
         let state = store.state
         let roster = replica.roster()
-        let role = await replica.pendingJoin != nil ? "joining" : roster.isRemoved(replica.deviceID) ? "removed"
+        let node = runningNode(options)
+        let removal = await replica.removal?.description ?? node?.removal  // the node's: a peer refused this device as removed
+        let role = await replica.pendingJoin != nil ? "joining" : removal != nil ? "removed"
             : roster.role(of: replica.deviceID)?.description ?? "unknown"
         let output = Output(
-            replicaID: state.replicaID.description, deviceID: replica.deviceID.humanForm, role: role,
+            replicaID: state.replicaID.description, deviceID: replica.deviceID.humanForm, role: role, removal: removal,
             groupID: replica.groupID.description, name: state.name, store: options.directory,
             digest: state.digest.description, records: try store.visibleCounts().filter { $0.key != RecordKey.syncedSettings.collection && !$0.key.hasPrefix("_") },
             syncedSettings: state.settings(scope: .synced).count, localSettings: state.settings(scope: .local).count,
             conflicts: state.conflicts.entries.count, compaction: CompactionOutput(replica.compactionStatus()),
-            node: runningNode(options))
+            node: node)
         if json { return try printJSON(output) }
         print("replica   \(output.replicaID) (\(output.name))")
         print("device    \(output.deviceID) — \(output.role)")
+        if let removal = output.removal { print("removed   \(removal)") }
         print("store     \(output.store)")
         print("digest    \(output.digest)")
         print("records   " + (output.records.isEmpty ? "none" : output.records.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", ")))

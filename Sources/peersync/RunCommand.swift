@@ -175,6 +175,8 @@ struct NodeStatusFile: Codable {
     /// Absent in status files of older versions.
     var health: Health?
     var limits: Limits?
+    /// Set once the node learned that this device was removed (``RemovalNotice``).
+    var removal: String?
 }
 
 struct NodeService: Service {
@@ -234,7 +236,7 @@ struct NodeService: Service {
         let status = NodeStatusFile(pid: getpid(), listen: "\(configuration.listen?.host ?? "-"):\(port)", insecure: insecure,
                                     startedAt: started, updatedAt: Date(), peers: peers,
                                     health: NodeStatusFile.Health(await replica.syncHealth()),
-                                    limits: NodeStatusFile.Limits(configuration))
+                                    limits: NodeStatusFile.Limits(configuration), removal: await replica.removal?.description)
         let encoder = JSONEncoder()
         encoder.dateEncodingStrategy = .iso8601
         guard let data = try? encoder.encode(status) else { return }

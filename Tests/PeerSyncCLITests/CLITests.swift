@@ -23,7 +23,9 @@ struct StatusJSON: Decodable {
         var peers: [Peer]
     }
     var replicaID: String
+    var deviceID: String
     var role: String
+    var removal: String?
     var digest: String
     var records: [String: Int]
     var node: Node?
@@ -111,6 +113,33 @@ struct CLITests {
         #expect(discoveryLines.count == 1, "\(lines)")
         #expect(discoveryLines.first?.contains("no avahi daemon reachable") == true)
         #expect(discoveryLines.first?.contains("static peers still work") == true)
+    }
+
+    @Test("a removed device's own `status` says it was removed, by whom and when, while its node runs")
+    func removedDeviceStatus() async throws {
+        let stores = try (0..<2).map { _ in try makeTemporaryDirectory("peersync-removed") }
+        var nodes: [ChildProcess] = []
+        defer {
+            for node in nodes { node.kill(SIGTERM) }
+            stores.forEach(removeTemporaryDirectory)
+        }
+        try #require(try cli(in: stores[0], ["init", "--name", "a"]).status == 0)
+        let code = try cli(in: stores[0], ["invite"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+        try #require(try cli(in: stores[1], ["init", "--name", "d", "--join", code]).status == 0)
+        nodes.append(try ChildProcess(peersync, ["run", "--store", stores[0], "--listen", "127.0.0.1:0", "--log-level", "warning",
+                                                 "--no-discovery"]))
+        var address: String?
+        _ = await eventually { address = try? status(stores[0]).node?.listen; return address != nil }
+        nodes.append(try ChildProcess(peersync, ["run", "--store", stores[1], "--listen", "127.0.0.1:0", "--log-level", "warning",
+                                                 "--no-discovery", "--peer", try #require(address)]))
+        #expect(await eventually { (try? status(stores[1]).role) == "member" })
+        let device = try status(stores[1]).deviceID
+        try #require(try cli(in: stores[0], ["devices", "remove", device]).status == 0)
+        #expect(await eventually { (try? status(stores[1]).role) == "removed" })
+        let removed = try status(stores[1])
+        #expect(removed.removal?.contains("was removed from the group by a at 20") == true, "\(removed.removal ?? "none")")
+        let text = try cli(in: stores[1], ["status"]).stdout
+        #expect(text.contains("— removed") && text.contains("removed   this device was removed from the group"), "\(text)")
     }
 
     @Test("three `peersync run` nodes converge; one is killed with SIGKILL, edits go on, it restarts and catches up")

@@ -36,7 +36,7 @@ struct DeviceKeyTests {
     func createdPrivate() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let path = dir.path + "/device.key"
+        let path = dir.path + "/device-key.pem"
         let oldMask = umask(0) // the widest umask: the file must still be 0600
         let created = Result { () throws(DeviceKeyError) -> DeviceKey in try DeviceKey.create(at: path) }
         umask(oldMask)
@@ -46,14 +46,14 @@ struct DeviceKeyTests {
         #expect(loaded.deviceID == key.deviceID)
         #expect(try String(contentsOfFile: path, encoding: .utf8).hasPrefix("-----BEGIN PRIVATE KEY-----"))
         // No temporary file is left behind.
-        #expect(try FileManager.default.contentsOfDirectory(atPath: dir.path) == ["device.key"])
+        #expect(try FileManager.default.contentsOfDirectory(atPath: dir.path) == ["device-key.pem"])
     }
 
     @Test("a key file readable by others is refused with the path and the chmod fix")
     func tooOpen() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let path = dir.path + "/device.key"
+        let path = dir.path + "/device-key.pem"
         _ = try DeviceKey.create(at: path)
         chmod(path, 0o644)
         #expect(throws: DeviceKeyError.accessibleByOthers(path: path, mode: 0o644)) { try DeviceKey.load(from: path) }
@@ -94,7 +94,7 @@ struct DeviceKeyTests {
     func noOverwrite() throws {
         let dir = try TemporaryDirectory()
         defer { dir.cleanup() }
-        let path = dir.path + "/device.key"
+        let path = dir.path + "/device-key.pem"
         let (first, created) = try DeviceKey.loadOrCreate(at: path)
         #expect(created)
         #expect(throws: DeviceKeyError.alreadyExists(path: path)) { try DeviceKey.create(at: path) }

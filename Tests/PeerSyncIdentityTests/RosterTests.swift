@@ -511,6 +511,77 @@ struct RosterValidationTests {
         #expect(full.roster.isActive(x.deviceID))
     }
 
+    @Test("no entry vouches for itself: a member's self-promotion and a device it adds in the same batch are refused as not yet")
+    func selfPromotion() throws {
+        var s = try Scenario()
+        let m = DeviceKey.generate()
+        let x = DeviceKey.generate()
+        try s.add(m, name: "m", by: s.creator, at: 2_000)
+        let base = s.roster
+        let promote = try s.sign(.add(device: m.publicKey, name: "m", role: .admin), by: m, at: 3_000)
+        let addX = try s.add(x, name: "x", role: .admin, by: m, at: 3_100)
+        let validation = base.validate(incoming: [promote, addX])
+        #expect(validation.accepted.isEmpty)
+        #expect(validation.refused.map(\.kind) == [.notYet, .notYet])
+        #expect(validation.refused.allSatisfy { $0.reason == "\(m.deviceID.shortForm) has never been an admin; add needs an admin" })
+        #expect(validation.roster.role(of: m.deviceID) == .member)
+        #expect(validation.roster.devices[x.deviceID] == nil)
+        // What x signs is not introduced by an add that was refused.
+        let claim = try RosterEntry.make(.writer(ReplicaID(high: 5, low: 5)), context: base.context(for: x.deviceID, at: ts(3_200)),
+                                         signer: x)
+        #expect(base.validate(incoming: [promote, addX, claim]).refused.last?.reason
+            == "signer \(x.deviceID.shortForm) is not a known device")
+    }
+
+    @Test("authority must be rooted: two members promoting each other, or a member's invite and its enrol, are refused")
+    func circularAuthority() throws {
+        var s = try Scenario()
+        let (m, n, joiner) = (DeviceKey.generate(), DeviceKey.generate(), DeviceKey.generate())
+        try s.add(m, name: "m", by: s.creator, at: 2_000)
+        try s.add(n, name: "n", by: s.creator, at: 2_100)
+        let base = s.roster
+        let mPromotesN = try s.sign(.add(device: n.publicKey, name: "n", role: .admin), by: m, at: 3_000)
+        let nPromotesM = try s.sign(.add(device: m.publicKey, name: "m", role: .admin), by: n, at: 3_000)
+        let circle = base.validate(incoming: [mPromotesN, nPromotesM])
+        #expect(circle.accepted.isEmpty)
+        #expect(circle.refused.map(\.kind) == [.notYet, .notYet])
+
+        // A member's own admin invite, used by a key of its own: the invite proves nothing.
+        let token = InviteToken.generate()
+        let invite = try s.sign(.invite(token.hash, role: .admin, expiresAt: .max), by: m, at: 3_100)
+        let enrol = try s.sign(.enrol(token: token, name: "sock puppet"), by: joiner, at: 3_200)
+        let reAdd = try s.sign(.add(device: m.publicKey, name: "m", role: .admin), by: joiner, at: 3_300)
+        let puppet = base.validate(incoming: [invite, enrol, reAdd])
+        #expect(puppet.accepted.isEmpty)
+        #expect(puppet.refused.map(\.reason) == [
+            "\(m.deviceID.shortForm) has never been an admin; invite needs an admin",
+            "no invite \(token.hash) is known",
+            "signer \(joiner.deviceID.shortForm) is not a known device",
+        ])
+    }
+
+    @Test("a chain of authority arriving in one batch, in any order, is accepted: admin adds y as admin, y adds z as admin, z invites, w enrols")
+    func chainInOneBatch() throws {
+        var s = try Scenario()
+        let (y, z, w) = (DeviceKey.generate(), DeviceKey.generate(), DeviceKey.generate())
+        let base = s.roster
+        let token = InviteToken.generate()
+        let chain = [
+            try s.add(y, name: "y", role: .admin, by: s.creator, at: 2_000),
+            try s.add(z, name: "z", role: .admin, by: y, at: 3_000),
+            try s.sign(.invite(token.hash, role: .admin, expiresAt: .max), by: z, at: 4_000),
+            try s.sign(.enrol(token: token, name: "w"), by: w, at: 5_000),
+            try s.sign(.writer(ReplicaID(high: 7, low: 7)), by: w, at: 5_100),
+        ]
+        for batch in [chain, chain.reversed()] {
+            let validation = base.validate(incoming: batch)
+            #expect(validation.refused.isEmpty)
+            #expect(Set(validation.accepted.map(\.id)) == Set(chain.map(\.id)))
+            #expect(validation.roster.role(of: w.deviceID) == .admin)
+            #expect(validation.roster.claimant(of: ReplicaID(high: 7, low: 7)) == w.deviceID)
+        }
+    }
+
     @Test("a removed device's later entry is stored but has no effect")
     func afterRemoval() throws {
         var s = try Scenario()

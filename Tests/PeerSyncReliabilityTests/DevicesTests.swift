@@ -26,9 +26,9 @@ struct DevicesTests {
         }
 
         @discardableResult
-        func sync(_ peers: [Device] = []) async throws -> UInt16 {
+        func sync(_ peers: [Device] = [], limits: SyncLimits = SyncLimits()) async throws -> UInt16 {
             port = try await replica.startSync(SyncConfiguration(security: .tls, listen: .loopback(0),
-                                                                 peers: peers.map { .loopback($0.port) }))
+                                                                 peers: peers.map { .loopback($0.port) }, limits: limits))
             return port
         }
 
@@ -80,12 +80,22 @@ struct DevicesTests {
         let fourth = try Device { try Replica.join(at: $0, name: "fourth", invite: codes[0], logger: $1) }
         defer { Task { await fourth.close() } }
         try await fourth.replica.save(Location(name: "the fourth's"))
-        try await fourth.sync([admin])
+        var limits = SyncLimits()
+        limits.rejectedDialBackoff = Backoff(first: .seconds(2), max: .seconds(4))  // shorter than 5 s → 5 min, to see it
+        try await fourth.sync([admin], limits: limits)
         #expect(await eventually { await statusText(fourth).contains("already used") })
         #expect(fourth.names() == ["the fourth's"])
         #expect(!admin.names().contains("the fourth's"))
         #expect(admin.replica.roster().devices[fourth.replica.deviceID] == nil)
         #expect(admin.lines.all.contains { $0.contains("already used") })
+        // It backs off as from any refusal (the rejected backoff, not the 0.2 s of a lost
+        // connection) and says why once, not at every attempt (the third starts after two ended).
+        #expect(await eventually(timeout: .seconds(30)) { await fourth.replica.syncHealth().limits.dialAttempts >= 3 })
+        let said = fourth.lines.all.filter { $0.contains("already used") }
+        #expect(said.count == 1 && said.allSatisfy { $0.hasPrefix("warning peer disconnected") }, "\(fourth.lines.all)")
+        let redials = fourth.lines.all.filter { $0.contains("dialed peer refused") }
+        #expect(redials.count == 1 && redials.allSatisfy { $0.contains("dial.retryInSeconds=1") || $0.contains("dial.retryInSeconds=2") },
+                "\(redials)")
 
         // An invite that expired before it was used: refused.
         let shortLived = try await admin.replica.invite(expires: .milliseconds(20))
@@ -175,19 +185,82 @@ struct DevicesTests {
         let dropped = ContinuousClock.now - started
         print("reliability: removal → every member dropped the removed device's sessions in \(Int(dropped.millisecondsDouble)) ms")
         #expect(await eventually { await statusText(d).contains("removed") })
+        // D never receives the removal entry (members refuse it first): a member's refusal says
+        // by whom and when, and the status keeps saying so whatever D's sessions do next.
+        let notice = await d.replica.removal
+        #expect(notice?.source != .roster && notice?.detail.contains("was removed from the group by A at 20") == true, "\(String(describing: notice))")
+        #expect(await statusText(d).hasPrefix("this device was removed from the group, says the peer at 127.0.0.1:"))
 
         // D writes on; members write on.
         try await d.replica.save(Location(name: "D after its removal"))
         try await a.replica.save(Location(name: "A after the removal"))
         #expect(await eventually { b.names().contains("A after the removal") && c.names().contains("A after the removal") })
-        // D keeps redialing A and C and is refused each time; give it a few rounds.
-        #expect(await eventually { d.lines.all.filter { $0.contains("removed from the group") }.count >= 3 })
+        // D keeps redialing A and C (backing off: 5 s, doubling) and is refused each time; give it
+        // a round. It says why once per member, not at every attempt.
+        let refusedD = { (member: Device) in member.lines.all.filter { $0.contains("closing session: this device was removed") }.count }
+        #expect(await eventually(timeout: .seconds(30)) { refusedD(a) >= 2 && refusedD(c) >= 2 })
+        let said = d.lines.all.filter { $0.hasPrefix("warning") && $0.contains("peer closed the session (this device was removed") }
+        #expect(said.count == 2, "\(said)")
         for member in [a, b, c] {
             #expect(!member.names().contains("D after its removal"))
             #expect(member.names().contains("D before its removal"))  // what it wrote before stays
         }
         #expect(!d.names().contains("A after the removal"))
         #expect(a.replica.roster().isRemoved(d.replica.deviceID))
+    }
+
+    @Test("a member whose --peer is a removed device stops dialing it: at once if connected, or while it is away; it says so once")
+    func removedPeerNotRedialed() async throws {
+        let group = try LocalGroup.make(names: ["A", "D", "E"])
+        let devices = try (0..<3).map { i in try Device { try Replica.create(at: $0, member: i, of: group, logger: $1) } }
+        defer { Task { for device in devices { await device.close() } } }
+        let (a, d, e) = (devices[0], devices[1], devices[2])
+        // A dials D and E (configured); neither dials A.
+        try await d.sync()
+        try await e.sync()
+        try await a.sync([d, e])
+        #expect(await eventually {
+            let (ad, ae) = (await a.connected(to: d), await a.connected(to: e))
+            return ad && ae
+        })
+        #expect(await a.replica.syncHealth().limits.dialTargets == 2)
+        // E goes away first (A keeps redialing its address); then A removes both.
+        await e.replica.stopSync()
+        #expect(await eventually { !(await a.connected(to: e)) })
+        try await a.replica.removeDevice(d.replica.deviceID)
+        try await a.replica.removeDevice(e.replica.deviceID)
+        #expect(await eventually { !(await a.connected(to: d)) })
+        // Neither address is dialed any more: D's after A refused it on the session A had dialed,
+        // E's because a session there had shown E's replica ID, which the roster now says is a
+        // removed device's. One line each.
+        #expect(await eventually { await a.replica.syncHealth().limits.dialTargets == 0 })
+        await a.replica.addPeer(.loopback(d.port))
+        #expect(await a.replica.syncHealth().limits.dialTargets == 0)
+        let said = a.lines.all.filter { $0.contains("not dialing a removed device") }
+        #expect(said.count == 2, "\(said)")
+        #expect(a.lines.all.filter { $0.contains("closing session") && $0.contains(d.replica.deviceID.shortForm) }.count == 1)
+    }
+
+    @Test("a device that holds its own removal says so, by whom and when, with sync off and on")
+    func ownRosterSaysRemoved() async throws {
+        let group = try LocalGroup.make(names: ["A", "B"])
+        let devices = try (0..<2).map { i in try Device { try Replica.create(at: $0, member: i, of: group, logger: $1) } }
+        defer { Task { for device in devices { await device.close() } } }
+        let (a, b) = (devices[0], devices[1])
+        #expect(await b.replica.removal == nil)
+        // A removes B. Members refuse B before it could receive the entry; here B's store gets it
+        // anyway (as a copy of a member's store would have it).
+        try await a.replica.removeDevice(b.replica.deviceID)
+        let id = try #require(a.replica.roster().devices[b.replica.deviceID]?.removal?.entry)
+        let entry = try #require(a.replica.roster().entries[id])
+        try b.replica.store.write { $0.write(entry.fields, to: entry.recordKey) }
+        let notice = try #require(await b.replica.removal)
+        #expect(notice.source == .roster && notice.by == "A" && notice.at != nil)
+        #expect(notice.description.hasPrefix("this device was removed from the group by A at 20"), "\(notice)")
+        try await b.sync()
+        #expect(await b.replica.currentStatus == .error(.removedFromGroup(notice)))
+        await b.replica.stopSync()
+        #expect(await b.replica.currentStatus == .disabled)
     }
 
     @Test("a member offline during the removal learns it from the next member it meets, then refuses the removed device and drops its late writes")
@@ -267,6 +340,46 @@ struct DevicesTests {
                 #expect(target.replica.roster().devices[evil.deviceID] == nil)
             }
         }
+    }
+
+    @Test("a member's self-promotion and a device it adds, in one frame with its claim on a fresh replica ID, are refused as not yet; nothing is stored")
+    func selfPromotion() async throws {
+        let admin = try Device { try Replica.create(at: $0, name: "admin", logger: $1) }
+        defer { Task { await admin.close() } }
+        try await admin.sync()
+        let code = try await admin.replica.invite(role: .member)
+        let member = try Device { try Replica.join(at: $0, name: "member", invite: code, logger: $1) }
+        defer { Task { await member.close() } }
+        try await member.sync([admin])
+        #expect(await eventually { member.replica.role == .member && admin.replica.state.digest == member.replica.state.digest })
+
+        let key = try DeviceKey.load(from: member.directory + "/" + Replica.deviceKeyFile)
+        let identity = LocalIdentity(key: key, groupID: member.replica.groupID)
+        let roster = member.replica.roster()
+        var clock = HybridLogicalClock()
+        let fresh = ReplicaID.random()
+        let claim = try RosterEntry.make(.writer(fresh), context: roster.context(for: key.deviceID, at: clock.tick()), signer: key)
+        let afterClaim = roster.adding([claim])
+        let promote = try RosterEntry.make(.add(device: key.publicKey, name: "member", role: .admin),
+                                           context: afterClaim.context(for: key.deviceID, at: clock.tick()), signer: key)
+        let evil = DeviceKey.generate()
+        let addEvil = try RosterEntry.make(.add(device: evil.publicKey, name: "evil", role: .admin),
+                                           context: afterClaim.adding([promote]).context(for: key.deviceID, at: clock.tick()), signer: key)
+        var map = RecordMap()
+        var delta = RecordMap.empty()
+        let now = HLCTimestamp(physicalMilliseconds: HybridLogicalClock.wallClock(), logical: 0)
+        for entry in [claim, promote, addEvil] { delta.merge(try map.write(entry.fields, to: entry.recordKey, at: now, by: fresh)) }
+        let frame = Message.delta(WireDelta.encode(delta, with: WireDictionary(startingAt: HybridLogicalClock.wallClock()))).encodedFrame()
+
+        let before = admin.replica.state.digest
+        let reason = try await Self.send([frame], to: admin.port, as: identity,
+                                         until: { admin.replica.state.contains(promote.recordKey) })
+        #expect(reason == .other)
+        #expect(await eventually { admin.lines.all.contains { $0.contains("closing session") && $0.contains("never been an admin") } })
+        #expect(admin.replica.state.digest == before)
+        for entry in [claim, promote, addEvil] { #expect(!admin.replica.state.contains(entry.recordKey)) }
+        #expect(admin.replica.roster().devices[evil.deviceID] == nil)
+        #expect(admin.replica.roster().role(of: key.deviceID) == .member)
     }
 
     @Test("a member's writes under a replica ID no device claims are refused (reason 14, a warning, nothing stored); with a claim in the same frame they land")

@@ -145,4 +145,64 @@ struct HostileFramesTests {
         let peers = await secure.node.peers()
         #expect(peers.map(\.info.name) == ["honest"])
     }
+
+    /// Connects (over TLS as `tls` says), writes `hello` at once, and returns every frame the
+    /// node sends until it closes the connection (bounded: the node closes after its error).
+    static func answers(to hello: Hello, port: UInt16, tls: DeviceTLS?) async throws -> [Message] {
+        let (channel, _) = try await ClientBootstrap(group: MultiThreadedEventLoopGroup.singleton)
+            .connectTimeout(.seconds(3))
+            .connect(host: "127.0.0.1", port: Int(port)) { channel in
+                channel.eventLoop.makeCompletedFuture {
+                    try SyncNode.configurePipeline(channel, tls: tls, dialed: true, maxFrame: WireLimits.defaultMaxFrameBytes)
+                }
+            }
+        return try await channel.executeThenClose { inbound, outbound -> [Message] in
+            try await outbound.write(ByteBuffer(bytes: Message.hello(hello).encodedFrame()))
+            var messages: [Message] = []
+            do {
+                for try await frame in inbound.frames {
+                    messages.append(try Message.decode(type: frame.type, body: frame.body))
+                    if messages.count >= 10 { break }
+                }
+            } catch {
+                // The node closed the connection after its error frame (TLS may report it so).
+            }
+            return messages
+        }
+    }
+
+    @Test("a wrong-group or version-1 hello is answered with the node's own hello first, then the error, over plain TCP as over TLS (§5.1)")
+    func helloBeforeError() async throws {
+        let group = TestGroup()
+        let insecure = try TestReplica("insecure", in: group, security: .insecure)
+        let secure = try TestReplica("secure", in: group)
+        defer { afterTest { await insecure.shutdown(); await secure.shutdown() } }
+        try await insecure.start()
+        try await secure.start()
+        let stranger = DeviceKey.generate()
+        let tls = try DeviceTLS(key: stranger) { _ in true }
+        func hello(version: UInt64 = WireLimits.protocolVersion, group: [UInt8]) -> Hello {
+            Hello(protocolVersion: version, replicaID: .random(), name: "stranger", wallClockMilliseconds: HybridLogicalClock.wallClock(),
+                  context: CausalContext(), digest: .empty, groupID: group, deviceKey: stranger.publicKey.x963,
+                  nonce: [UInt8](repeating: 1, count: 16))
+        }
+        let cases: [(Hello, CloseReason)] = [
+            (hello(group: [UInt8](repeating: 7, count: 16)), .notAdmitted),
+            (hello(version: 1, group: group.devices.groupID.bytes), .protocolVersion),
+        ]
+        for node in [insecure, secure] {
+            for (theirs, reason) in cases {
+                // Several connections each: the node reading the hello before its writer ran is a race.
+                for _ in 0..<5 {
+                    let messages = try await Self.answers(to: theirs, port: node.port, tls: node.security == .tls ? tls : nil)
+                    guard case .hello(let ours)? = messages.first, case .error(let sent, _)? = messages.last, messages.count == 2 else {
+                        Issue.record("\(node.name), \(reason): \(messages)")
+                        continue
+                    }
+                    #expect(ours.replicaID == node.store.replicaID)
+                    #expect(sent == reason)
+                }
+            }
+        }
+    }
 }

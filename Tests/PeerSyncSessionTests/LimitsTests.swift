@@ -1,4 +1,5 @@
 import Foundation
+import PeerSyncCRDT
 @testable import PeerSyncSession
 import PeerSyncWire
 import Testing
@@ -320,6 +321,90 @@ struct LimitsTests {
         }
     }
 
+    @Test("a configured peer that refuses this node at admission (a spent invite, this device removed) is redialed after 5 s doubling to 5 min")
+    func configuredPeerRefusingBacksOff() {
+        var scheduler = Self.scheduler()
+        let peer = Self.address(4)
+        scheduler.add(peer, source: .configured, now: t0)
+        var now = t0
+        var waits: [Duration] = []
+        for _ in 0..<9 {
+            #expect(scheduler.due(now: now) == [peer])
+            scheduler.ended(peer, .refusedByPeer, now: now, jitter: 0)
+            let next = scheduler.nextWakeup()!
+            #expect(scheduler.due(now: next - .milliseconds(1)).isEmpty)
+            waits.append(next - now)
+            now = next
+        }
+        #expect(waits == [5, 10, 20, 40, 80, 160, 300, 300, 300].map { Duration.seconds($0) })
+        #expect(scheduler.rejectedTargets == 1)
+        // A session at last: the next refusal starts from 5 s again.
+        #expect(scheduler.due(now: now) == [peer])
+        scheduler.established(peer)
+        scheduler.ended(peer, .established(lasted: .seconds(60)), now: now, jitter: 0)
+        now = scheduler.nextWakeup()!
+        #expect(scheduler.due(now: now) == [peer])
+        scheduler.ended(peer, .refusedByPeer, now: now, jitter: 0)
+        #expect(scheduler.nextWakeup()! - now == .seconds(5))
+    }
+
+    @Test("a peer refused as a removed device is not dialed again at that address; an advert naming another replica there is, after the backoff")
+    func removedDeviceNotRedialed() {
+        var scheduler = Self.scheduler()
+        let peer = Self.address(4)
+        scheduler.add(peer, source: .configured, now: t0)
+        #expect(scheduler.due(now: t0) == [peer])
+        let givenUp = scheduler.ended(peer, .removedDevice, now: t0, jitter: 0)
+        #expect(givenUp)
+        #expect(scheduler.targets.isEmpty)
+        #expect(scheduler.nextWakeup() == nil)
+        // Configured again (or found again with no replica named): still not dialed.
+        let configuredAgain = scheduler.add(peer, source: .configured, now: t0 + .seconds(1))
+        #expect(!configuredAgain)
+        let foundAgain = scheduler.add(peer, source: .discovered(serviceName: "d"), now: t0 + .seconds(1))
+        #expect(!foundAgain)
+        #expect(scheduler.due(now: t0 + .seconds(3_600)).isEmpty)
+        // An advert naming a replica no removed device claimed: another device is there now,
+        // dialed once the rejected backoff (5 s) is over.
+        let anotherDevice = scheduler.add(peer, source: .discovered(serviceName: "e"), replica: ReplicaID(high: 9, low: 9), now: t0 + .seconds(1))
+        #expect(anotherDevice)
+        #expect(scheduler.due(now: t0 + .seconds(4)).isEmpty)
+        #expect(scheduler.due(now: t0 + .seconds(5)) == [peer])
+    }
+
+    @Test("an address whose replica a removed device claimed is never dialed: from its advert, or learned from a session there")
+    func removedReplicasNotDialed() {
+        var scheduler = Self.scheduler()
+        let (r1, r2, r3) = (ReplicaID(high: 1, low: 1), ReplicaID(high: 2, low: 2), ReplicaID(high: 3, low: 3))
+        let (advert, other, configured) = (Self.address(1), Self.address(2), Self.address(3))
+        let droppedFirst = scheduler.setRemovedReplicas([r1])
+        #expect(droppedFirst.isEmpty)
+        let removedAdvert = scheduler.add(advert, source: .discovered(serviceName: "removed"), replica: r1, now: t0)
+        #expect(!removedAdvert)
+        let otherAdvert = scheduler.add(other, source: .discovered(serviceName: "other"), replica: r2, now: t0)
+        #expect(otherAdvert)
+        scheduler.add(configured, source: .configured, now: t0)
+        #expect(Set(scheduler.due(now: t0)) == [other, configured])
+        // A session at the configured address showed r3 there; both now wait to be redialed.
+        scheduler.learned(r3, at: configured)
+        scheduler.ended(configured, .established(lasted: .seconds(60)), now: t0, jitter: 0)
+        scheduler.ended(other, .failed, now: t0, jitter: 0)
+        // The roster removes the devices of r2 and r3: neither address is dialed again.
+        let dropped = scheduler.setRemovedReplicas([r1, r2, r3])
+        #expect(dropped == [other, configured].sorted { $0.description < $1.description })
+        #expect(scheduler.targets.isEmpty)
+        #expect(scheduler.due(now: t0 + .seconds(3_600)).isEmpty)
+        // An attempt running when the removal arrived is given up when it ends, however it ended.
+        let running = Self.address(5)
+        scheduler.add(running, source: .discovered(serviceName: "running"), replica: ReplicaID(high: 5, low: 5), now: t0)
+        #expect(scheduler.due(now: t0) == [running])
+        let droppedRunning = scheduler.setRemovedReplicas([r1, r2, r3, ReplicaID(high: 5, low: 5)])
+        #expect(droppedRunning.isEmpty)
+        let runningGivenUp = scheduler.ended(running, .failed, now: t0, jitter: 0)
+        #expect(runningGivenUp)
+        #expect(scheduler.targets.isEmpty)
+    }
+
     @Test("withdrawn and announced again, a refused address keeps its backoff")
     func reannounced() {
         var scheduler = Self.scheduler()
@@ -379,10 +464,15 @@ struct LimitsTests {
         #expect(outcome(.connectionLost(detail: "")) == .failed)
         #expect(outcome(.connectionLost(detail: ""), established: true) == .established(lasted: lasted))
         #expect(outcome(.handshakeFailed(detail: "timeout")) == .rejected)
-        #expect(outcome(.peerClosed(.notAdmitted, detail: "another group")) == .rejected)
+        #expect(outcome(.peerClosed(.notAdmitted, detail: "another group")) == .refusedByPeer)
+        #expect(outcome(.peerClosed(.notAdmitted, detail: "invite 3f2a9c01 was already used by K4QZ")) == .refusedByPeer)
+        #expect(outcome(.peerClosed(.protocolVersion, detail: "")) == .refusedByPeer)
+        #expect(outcome(.peerClosed(.clockSkew, detail: "")) == .rejected)
         #expect(outcome(.refused(.notAdmitted, detail: "the peer belongs to another sync group")) == .rejected)
-        #expect(outcome(.peerClosed(.deviceRemoved, detail: ""), established: true) == .rejected)
+        #expect(outcome(.peerClosed(.deviceRemoved, detail: ""), established: true) == .refusedByPeer)
         #expect(outcome(.refused(.protocolVersion, detail: "")) == .rejected)
+        #expect(outcome(.refused(.deviceRemoved, detail: "device K4QZ was removed from the group by Ana")) == .removedDevice)
+        #expect(outcome(.refused(.deviceRemoved, detail: ""), established: true) == .removedDevice)
         #expect(outcome(.refused(.clockSkew, detail: "")) == .rejected)
         #expect(outcome(.refused(.timeout, detail: "no hello within 10 s")) == .rejected)
         #expect(outcome(.refused(.timeout, detail: "no frame for 5 s"), established: true) == .established(lasted: lasted))

@@ -305,6 +305,41 @@ struct ReplicationCoreTests {
         #expect(try decodeFrames(batch?.bytes ?? []).last == .error(.timeout, "no hello within 10 s"))
     }
 
+    @Test("a hello refused before this side's own hello went out still gets that hello first, then the error (§5.1)")
+    func helloBeforeError() throws {
+        let stranger = DeviceKey.generate()
+        func hello(version: UInt64 = WireLimits.protocolVersion, group: [UInt8]) -> Message {
+            .hello(Hello(protocolVersion: version, replicaID: .random(), name: "x", wallClockMilliseconds: HybridLogicalClock.wallClock(),
+                         context: CausalContext(), digest: .empty, groupID: group, deviceKey: stranger.publicKey.x963,
+                         nonce: [UInt8](repeating: 1, count: 16)))
+        }
+        let cases: [(Message, CloseReason)] = [
+            (hello(group: [UInt8](repeating: 7, count: 16)), .notAdmitted),
+            (hello(version: 1, group: CoreNode.group.groupID.bytes), .protocolVersion),
+        ]
+        for (theirs, reason) in cases {
+            var a = CoreNode("a")
+            // The peer's hello is read before this side's writer ran (plain TCP: both start at connect).
+            let id = a.open(initiator: false, address: "10.0.0.9:5555", now: t0)
+            a.handle(a.core.receive(id, type: theirs.kind.rawValue, body: theirs.body(), now: t0,
+                                    wallClock: HybridLogicalClock.wallClock(), state: a.state))
+            let (batch, _) = a.core.nextBatch(id, budget: 1 << 20, now: t0, state: a.state)
+            let frames = try decodeFrames(batch?.bytes ?? [])
+            #expect(frames.count == 2, "\(frames)")
+            guard case .hello(let ours)? = frames.first else {
+                Issue.record("the first frame is not this side's hello: \(frames)")
+                continue
+            }
+            #expect(ours.replicaID == a.replicaID)
+            guard case .error(let sent, _)? = frames.last else {
+                Issue.record("no error frame: \(frames)")
+                continue
+            }
+            #expect(sent == reason)
+            #expect(batch?.closeAfter == true)
+        }
+    }
+
     @Test("a closing session that cannot flush is cut after the drain timeout")
     func drainTimeout() throws {
         var a = CoreNode("a")

@@ -76,10 +76,7 @@ extension Roster {
             return .refused(.notAdmitted, "this device is still joining the group; it syncs with its inviter first")
         }
         if isActive(device) { return .member }
-        if let removed = devices[device]?.removal ?? banned[device] {
-            let by = devices[removed.by]?.name ?? removed.by.shortForm
-            return .refused(.deviceRemoved, "device \(device.shortForm) was removed from the group by \(by)")
-        }
+        if let removal = removalText(of: device) { return .refused(.deviceRemoved, "device \(device.shortForm) was \(removal)") }
         return .candidate
     }
 }

@@ -146,7 +146,9 @@ struct PeerSession {
         closingSince = now
         out.final = message
         out.flushBeforeFinal = flushFirst
-        out.hello = nil
+        // An unsent hello still goes first (§5.1: both sides send their hello first): the peer's
+        // hello may be read and refused (another group, another version) before this side's
+        // writer ran, over plain TCP as over TLS.
         out.auth = nil
         out.join = nil
         if !flushFirst || !wasEstablished {

@@ -97,6 +97,8 @@ struct ReplicationCore {
     /// writes may be committed separately, and another session may forward those writes first.
     var provisionalClaims: [ReplicaID: SessionID] = [:]
     var proof = MemberProof()  // this device's proof of admission (ReplicationCore+Proof.swift)
+    /// Refusals already logged, by peer and reason (ReplicationCore+Refusals.swift).
+    var loggedRefusals: Set<String> = []
 
     /// `reports`: the reports storage holds (this node's own last one among them).
     init(settings: Settings, roster: Roster, reports: [SeenReport] = []) {
@@ -162,23 +164,16 @@ struct ReplicationCore {
         if session.announced {
             // A session replaced by a duplicate leaves its peer connected: no disconnect then.
             if let info = session.info, established[info.replicaID] == nil {
-                actions.append(.log(CoreLog(.info, "peer disconnected", ["peer.id": info.replicaID.shortDescription, "reason": "\(why)"])))
+                actions.append(.log(CoreLog(disconnectLevel(why, of: session), "peer disconnected",
+                                            ["peer.id": info.replicaID.shortDescription, "reason": "\(why)"])))
                 actions.append(.event(.peerDisconnected(info, reason: why)))
             }
         } else if why != .duplicate {
-            actions.append(.log(CoreLog(refusalLevel(why), "session refused", ["peer.address": session.origin.address, "reason": "\(why)"])))
+            actions.append(.log(CoreLog(refusalLevel(why, of: session), "session refused",
+                                        ["peer.address": session.origin.address, "reason": "\(why)"])))
             actions.append(.event(.sessionRefused(address: session.origin.address, reason: why)))
         }
         return actions
-    }
-
-    /// Whether a refused session is worth a line at info (a person can act on it) or debug
-    /// (a peer that is simply not there).
-    func refusalLevel(_ reason: SessionEndReason) -> CoreLog.Level {
-        switch reason {
-        case .unreachable, .connectionLost, .localShutdown, .duplicate: .debug
-        default: .warning
-        }
     }
 
     /// A frame could not be read: over the limit, or a malformed length.

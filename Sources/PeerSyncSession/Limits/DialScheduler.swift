@@ -1,3 +1,4 @@
+import PeerSyncCRDT
 import PeerSyncWire
 
 /// Which addresses a node dials, and when, with no sockets and no clock. Addresses come from the
@@ -21,7 +22,17 @@ import PeerSyncWire
 ///   the ordinary backoff.
 /// - A session that fails to authenticate or is refused (``Outcome/rejected``) redials with
 ///   ``SyncLimits/rejectedDialBackoff``, growing to minutes: 100 forged adverts cost a few
-///   attempts a minute, and cannot take the slots a real peer needs.
+///   attempts a minute, and cannot take the slots a real peer needs. A configured peer is
+///   retried within the ordinary backoff then (a slow machine's handshake timeout), unless the
+///   peer itself refused this node at admission (``Outcome/refusedByPeer``: a used or expired
+///   invite, this device removed, another group or version), which asking again every few
+///   seconds does not change.
+/// - A peer this node refuses because the roster says its device was removed
+///   (``Outcome/removedDevice``) is not dialed again at that address while the node runs (the
+///   last ``rememberedLimit`` such addresses are kept), and an address whose replica ID (from
+///   its advert, or a session there) a removed device claimed (``setRemovedReplicas(_:)``) is
+///   not dialed at all. A static peer is an address: which device is behind it is known only
+///   once a session reached it.
 /// - An address found again keeps its backoff, also after it was withdrawn (``remove(_:)``
 ///   drops it once its attempt or session ends; the last ``rememberedLimit`` refused addresses
 ///   are remembered), so re-announcing a forged advert does not buy it an early attempt.
@@ -62,6 +73,11 @@ struct DialScheduler {
         case failed
         /// The session failed to authenticate or was refused (see ``SyncLimits/rejectedDialBackoff``).
         case rejected
+        /// The peer refused this node at admission (not admitted, removed, another protocol
+        /// version): redialed with ``SyncLimits/rejectedDialBackoff``, a configured peer too.
+        case refusedByPeer
+        /// This node refused the peer: the roster says its device was removed. Not dialed again.
+        case removedDevice
         /// A session with this peer runs the other way round (or this one was the duplicate).
         case connectedElsewhere
         /// The node is stopping.
@@ -76,6 +92,10 @@ struct DialScheduler {
                 self = .connectedElsewhere
             case .handshakeFailed:
                 self = .rejected
+            case .peerClosed(.notAdmitted, _), .peerClosed(.deviceRemoved, _), .peerClosed(.protocolVersion, _):
+                self = .refusedByPeer
+            case .refused(.deviceRemoved, _):
+                self = .removedDevice
             case .refused(let close, _), .peerClosed(let close, _):
                 self = Self.isRejection(close, established: established) ? .rejected
                     : established ? .established(lasted: lasted) : .failed
@@ -116,6 +136,8 @@ struct DialScheduler {
         /// Consecutive rejections.
         var rejections = 0
         var everEstablished = false
+        /// The replica there, as its advert or a session there named it.
+        var replica: ReplicaID?
         /// Arrival order, for ties.
         let order: UInt64
 
@@ -132,6 +154,11 @@ struct DialScheduler {
     /// and the end of their backoff.
     private var remembered: [PeerAddress: (rejections: Int, failures: Int, until: MonotonicInstant)] = [:]
     static let rememberedLimit = 1_024
+    /// Addresses where this node refused a removed device (``Outcome/removedDevice``), with the
+    /// order they were found in (the oldest is forgotten beyond ``rememberedLimit``).
+    private(set) var removedAddresses: [PeerAddress: UInt64] = [:]
+    /// Replica IDs claimed by removed devices (the roster's, from ``setRemovedReplicas(_:)``).
+    private(set) var removedReplicas: Set<ReplicaID> = []
     /// Attempts started so far.
     private(set) var attempts = 0
     /// The most attempts that ran at once.
@@ -147,19 +174,53 @@ struct DialScheduler {
     /// Addresses waiting out ``SyncLimits/rejectedDialBackoff``.
     var rejectedTargets: Int { targets.values.count { $0.rejections > 0 } }
 
-    /// Dial `address` (for `source`). A new address is due at once; a known one keeps its state
-    /// (finding a forged advert again does not reset its backoff). A discovered service found
-    /// at another address leaves its old one.
-    mutating func add(_ address: PeerAddress, source: Source, now: MonotonicInstant) {
+    /// Dial `address` (for `source`; `replica`: the one its advert names). A new address is due
+    /// at once; a known one keeps its state (finding a forged advert again does not reset its
+    /// backoff). A discovered service found at another address leaves its old one. Returns false
+    /// if a removed device is there, so the address is not dialed: `replica` is one a removed
+    /// device claimed, or (no other replica named) this node refused a removed device there.
+    @discardableResult
+    mutating func add(_ address: PeerAddress, source: Source, replica: ReplicaID? = nil, now: MonotonicInstant) -> Bool {
+        if let replica, removedReplicas.contains(replica) { return false }
+        if removedAddresses[address] != nil {
+            // An advert naming a replica no removed device claimed: another device is there now.
+            guard replica != nil else { return false }
+            removedAddresses[address] = nil
+        }
         if case .discovered = source { detach(source, except: address) }
         if targets[address] != nil {
             targets[address]!.sources.insert(source)
-            return
+            if let replica { targets[address]!.replica = replica }
+            return true
         }
         let past = remembered.removeValue(forKey: address)
         targets[address] = Target(address: address, sources: [source], phase: .waiting(until: max(now, past?.until ?? now)),
-                                  failures: past?.failures ?? 0, rejections: past?.rejections ?? 0, order: nextOrder)
+                                  failures: past?.failures ?? 0, rejections: past?.rejections ?? 0, replica: replica,
+                                  order: nextOrder)
         nextOrder += 1
+        return true
+    }
+
+    /// The replica IDs removed devices claimed (the roster's, after every change): a target
+    /// waiting to dial one of them is dropped, and an advert naming one is not dialed. Returns
+    /// the addresses dropped now (one dialing or connected ends when the node refuses it).
+    mutating func setRemovedReplicas(_ replicas: Set<ReplicaID>) -> [PeerAddress] {
+        removedReplicas = replicas
+        let dropped = targets.values.filter { target in
+            guard let replica = target.replica, replicas.contains(replica), case .waiting = target.phase else { return false }
+            return true
+        }.map(\.address).sorted { $0.description < $1.description }
+        for address in dropped {
+            targets[address] = nil
+            if !targets.keys.contains(where: { $0.host == address.host }) { hostRejections[address.host] = nil }
+        }
+        return dropped
+    }
+
+    /// A session showed that `replica` is at `address` (should a removed device claim it, the
+    /// address is not dialed again).
+    mutating func learned(_ replica: ReplicaID, at address: PeerAddress) {
+        targets[address]?.replica = replica
     }
 
     /// `source` is gone (a withdrawn advert): its addresses are no longer dialed once their
@@ -232,11 +293,14 @@ struct DialScheduler {
     }
 
     /// The attempt to `address` ended (its session, if any, too). `jitter` is a random number in
-    /// `-1...1`.
-    mutating func ended(_ address: PeerAddress, _ outcome: Outcome, now: MonotonicInstant, jitter: Double) {
-        guard var target = targets[address] else { return }
+    /// `-1...1`. Returns true if the address is not dialed again because a removed device is there.
+    @discardableResult
+    mutating func ended(_ address: PeerAddress, _ outcome: Outcome, now: MonotonicInstant, jitter: Double) -> Bool {
+        guard var target = targets[address] else { return false }
+        // The roster removed the device there while this attempt ran.
+        let removed = outcome != .stopped && target.replica.map(removedReplicas.contains) == true
         let delay: Duration
-        switch outcome {
+        switch removed ? .removedDevice : outcome {
         case .established(let lasted):
             target.everEstablished = true
             target.rejections = 0
@@ -246,20 +310,35 @@ struct DialScheduler {
         case .failed:
             target.failures += 1
             delay = (target.isUnanswered ? settings.unanswered : settings.reconnect).delay(afterFailures: target.failures - 1, unit: jitter)
-        case .rejected:
+        case .rejected, .refusedByPeer:
             target.rejections += 1
             hostRejections[address.host, default: 0] += 1
-            // A peer the user configured is not a forged advert: a refusal or a handshake that
-            // timed out (a slow or busy machine) is retried as any failure, within seconds.
-            delay = target.sources.contains(.configured)
+            // A peer the user configured is not a forged advert: a handshake that timed out (a
+            // slow or busy machine) is retried as any failure, within seconds. Not a refusal the
+            // peer made on purpose (a used invite, this device removed): it would say it again.
+            delay = target.sources.contains(.configured) && outcome == .rejected
                 ? settings.reconnect.delay(afterFailures: target.rejections - 1, unit: jitter)
                 : settings.rejected.delay(afterFailures: target.rejections - 1, unit: jitter)
+        case .removedDevice:
+            // Dropped, but remembered as refused: should another device's advert name this
+            // address later, it waits out the rejected backoff first.
+            target.rejections += 1
+            target.phase = .waiting(until: now + settings.rejected.delay(afterFailures: target.rejections - 1, unit: jitter))
+            targets[address] = target
+            drop(address)
+            if removedAddresses.count >= Self.rememberedLimit, let oldest = removedAddresses.min(by: { $0.value < $1.value }) {
+                removedAddresses[oldest.key] = nil
+            }
+            removedAddresses[address] = nextOrder
+            nextOrder += 1
+            return true
         case .connectedElsewhere, .stopped:
             delay = settings.reconnect.max
         }
         target.phase = .waiting(until: now + delay)
         targets[address] = target
         if target.sources.isEmpty || outcome == .stopped { drop(address) }
+        return false
     }
 
     /// When to ask ``due(now:)`` again if no attempt ends before (nil: only when one does).

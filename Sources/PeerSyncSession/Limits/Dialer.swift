@@ -1,4 +1,5 @@
 import Logging
+import PeerSyncCRDT
 
 /// Carries out a node's ``DialScheduler``: starts the attempts it decides on, sleeps until the
 /// next one is due (or an attempt ends), and reports how each attempt ended. The attempt itself
@@ -10,6 +11,8 @@ actor Dialer {
         var reason: SessionEndReason
         var established: Bool
         var lasted: Duration
+        /// The replica at the other end, once its hello arrived.
+        var peer: ReplicaID?
     }
 
     typealias Attempt = @Sendable (PeerAddress, _ established: @escaping @Sendable () -> Void) async -> Result?
@@ -21,6 +24,8 @@ actor Dialer {
     private var waiter: CheckedContinuation<Void, Never>?
     private var wakePending = false
     private var stopped = false
+    /// Replica IDs of removed devices whose adverts were already said to be left alone.
+    private var ignoredRemoved: Set<ReplicaID> = []
     private let logger: Logger
 
     init(settings: DialScheduler.Settings, logger: Logger) {
@@ -36,11 +41,22 @@ actor Dialer {
         loop = Task { await self.run() }
     }
 
-    /// Dials `address` for `source` from now on.
-    func add(_ address: PeerAddress, source: DialScheduler.Source) {
+    /// Dials `address` for `source` (an advert naming `replica`) from now on, unless a removed
+    /// device is there (said once per replica ID; an address was said when it was given up).
+    func add(_ address: PeerAddress, source: DialScheduler.Source, replica: ReplicaID? = nil) {
         guard !stopped else { return }
-        scheduler.add(address, source: source, now: .now)
-        wake()
+        if scheduler.add(address, source: source, replica: replica, now: .now) {
+            wake()
+        } else if let replica, ignoredRemoved.insert(replica).inserted {
+            logger.info("not dialing a removed device", metadata: ["peer.address": "\(address)", "peer.id": "\(replica.shortDescription)"])
+        }
+    }
+
+    /// The replica IDs removed devices claimed, after every roster change.
+    func setRemovedReplicas(_ replicas: Set<ReplicaID>) {
+        for address in scheduler.setRemovedReplicas(replicas) {
+            logger.info("not dialing a removed device again", metadata: ["peer.address": "\(address)"])
+        }
     }
 
     /// `source` is gone: its addresses are dropped once their attempts end.
@@ -84,13 +100,16 @@ actor Dialer {
         let outcome = result.map { DialScheduler.Outcome(reason: $0.reason, established: $0.established, lasted: $0.lasted) }
             ?? .connectedElsewhere
         let now = ContinuousClock.now
-        scheduler.ended(address, outcome, now: now, jitter: .random(in: -1...1))
-        if outcome == .rejected, let target = scheduler.targets[address], case .waiting(let until) = target.phase {
-            // One line per refused attempt: with the backoff, a few a minute at most per address.
-            logger.info("dialed peer refused or failed to authenticate; redialing later", metadata: [
-                "peer.address": "\(address)", "dial.refusals": "\(target.rejections)",
-                "dial.retryInSeconds": "\((until - now).components.seconds)",
-            ])
+        if let peer = result?.peer { scheduler.learned(peer, at: address) }
+        let givenUp = scheduler.ended(address, outcome, now: now, jitter: .random(in: -1...1))
+        if outcome == .rejected || outcome == .refusedByPeer, let target = scheduler.targets[address],
+           case .waiting(let until) = target.phase {
+            // The first refusal in a row at info, the next ones at debug (the backoff spaces them).
+            logger.log(level: target.rejections == 1 ? .info : .debug, "dialed peer refused or failed to authenticate; redialing later",
+                       metadata: ["peer.address": "\(address)", "dial.refusals": "\(target.rejections)",
+                                  "dial.retryInSeconds": "\((until - now).components.seconds)"])
+        } else if givenUp {
+            logger.info("not dialing a removed device again", metadata: ["peer.address": "\(address)", "reason": "\(result?.reason.description ?? "")"])
         }
         running[address] = nil
         wake()
