@@ -23,7 +23,8 @@ struct MonthTests {
         for n in 0..<Self.months {
             let seed = baseSeed &+ UInt64(n)
             let began = ContinuousClock.now
-            let (failures, summary) = try await Self.live(seed: seed, days: Self.days)
+            // Its own thread: the month waits for processes by blocking (ThreadExecutor).
+            let (failures, summary) = try await onOwnThread("month") { try await Self.live(seed: seed, days: Self.days) }
             let seconds = Int((ContinuousClock.now - began).components.seconds)
             print("month: seed \(seed): \(failures.isEmpty ? "passed" : "FAILED") in \(seconds) s — \(summary)")
             if failures.isEmpty { passed += 1 }

@@ -141,16 +141,9 @@ struct RestoreAndCopyTests {
         func converged(within timeout: Duration = .seconds(60)) async -> Bool {
             await eventually(timeout: timeout) { (try? names(a!)) == all && (try? names(b)) == all && a!.state.digest == b.state.digest }
         }
-        if inPlace {
-            // The offline write took a counter the second phone already holds for another write,
-            // and the second phone's compaction may drop it as stable: issue 29 item 3, not the
-            // admission's (the copy below has no reused counter and converges).
-            await withKnownIssue("issue 29 item 3: an in-place restore's offline write reuses a dot", isIntermittent: true) {
-                #expect(await converged(within: .seconds(30)), "a: \((try? names(a!)) ?? []) b: \((try? names(b)) ?? [])")
-            }
-        } else {
-            #expect(await converged(), "a: \((try? names(a!)) ?? []) b: \((try? names(b)) ?? []) log: \(lines.all.filter { $0.contains("warning") })")
-        }
+        // In place, the offline write took a counter the second phone already holds for another
+        // write: it moves to the new incarnation when the restore is found (PROTOCOL §6.9).
+        #expect(await converged(), "a: \((try? names(a!)) ?? []) b: \((try? names(b)) ?? []) log: \(lines.all.filter { $0.contains("warning") })")
         // Writes after the reunion travel both ways.
         try await b.save(Location(name: "after the reunion"))
         #expect(await eventually { (try? names(a!).contains("after the reunion")) == true })
