@@ -388,7 +388,10 @@ public actor Replicator {
     }
 
     private func seenRecorded(_ recorded: RecordedReports) {
-        if let previous = recorded.leftIncarnation ?? recorded.fromLostFuture.first?.replica, !recorded.fromLostFuture.isEmpty {
+        // (A copy of a store meets reports its twin signed under their common old ID: nothing of
+        // its own to move, nothing to say.)
+        if let previous = recorded.leftIncarnation ?? recorded.fromLostFuture.first?.replica,
+           recorded.leftIncarnation != nil || recorded.movedEvents > 0 {
             // This store was put back from a backup and has recovered (storage moved its writes
             // since the restore, and continues under a new replica ID if its current one was the
             // lost future's): sessions announced the old ID, so all of them end; the owner

@@ -13,6 +13,9 @@ public struct CompactionRecord: Sendable, Equatable {
     public var reports = SeenReports()
     /// The last report this store signed, for each replica ID it has written with.
     public var ownReports: [ReplicaID: SeenReport] = [:]
+    /// For each replica ID whose lost future this store recovered from, the newest such report's
+    /// time: reports up to it are not news again.
+    public var lostFutureRecovered: [ReplicaID: UInt64] = [:]
     /// The stable context and the candidate waiting for its second round.
     public var frontier = CompactionFrontier()
     /// Records purged by this store, in total.
@@ -36,11 +39,17 @@ public struct CompactionRecord: Sendable, Equatable {
     }
 
     /// Whether `report` (of one of this store's replica IDs, `incarnations`) was signed by a
-    /// lost future of this store: not the report it signed last for that replica, and not older
+    /// lost future of this store: it says the replica had seen something this store has not
+    /// (`context`: the store's; a report this store signed is always within it, since a context
+    /// only grows), or it is not the report this store signed last for that replica and not older
     /// than it. Only a store put back from a backup meets one: it signed it before the backup
-    /// was restored over it (docs/ARCHITECTURE.md, "Restores").
-    public func isFromLostFuture(_ report: SeenReport, incarnations: Set<ReplicaID>) -> Bool {
-        guard incarnations.contains(report.replica) else { return false }
+    /// was restored over it (docs/ARCHITECTURE.md, "Restores"). Either test alone misses a case:
+    /// the restored store may sign a report of its own (later in time) before its lost future's
+    /// arrives, and it may have caught up with everything before.
+    public func isFromLostFuture(_ report: SeenReport, incarnations: Set<ReplicaID>, context: CausalContext) -> Bool {
+        guard incarnations.contains(report.replica), ownReports[report.replica] != report,
+              report.time > lostFutureRecovered[report.replica] ?? 0 else { return false }
+        if !context.includes(report.context) { return true }
         guard let own = ownReports[report.replica] else { return true }
         return report != own && report.time >= own.time
     }
@@ -64,12 +73,12 @@ extension ReplicaStore {
     public func recordSeen(_ incoming: [SeenReport]) throws(StoreError) -> RecordedReports {
         var outcome = RecordedReports()
         let incarnations = (try? self.incarnations().map(\.replicaID)).map(Set.init) ?? [replicaID]
-        try changingCompaction { current, own, _ in
+        try changingCompaction { current, own, context in
             var record = current
             var grown: [SeenReport] = []
             for report in incoming {
                 if report.replica == own || incarnations.contains(report.replica) {
-                    if record.isFromLostFuture(report, incarnations: incarnations.union([own])),
+                    if record.isFromLostFuture(report, incarnations: incarnations.union([own]), context: context),
                        !outcome.fromLostFuture.contains(report) {
                         outcome.fromLostFuture.append(report)
                     }
@@ -120,8 +129,18 @@ extension ReplicaStore {
     /// Notes that this store recovered from the lost future that signed `report` (it moved its
     /// writes since the restore): that report, and older ones, are not taken for news again.
     public func acknowledgeLostFuture(_ report: SeenReport) throws(StoreError) {
-        guard compaction.ownReports[report.replica].map({ $0.time < report.time }) ?? true else { return }
-        try saveOwnReport(report)
+        try changingCompaction { current, _, _ in
+            guard report.time > current.lostFutureRecovered[report.replica] ?? 0 else { return nil }
+            try run { db in
+                try db.execute(sql: """
+                    INSERT INTO lostFuture (replicaID, time) VALUES (?, ?)
+                    ON CONFLICT (replicaID) DO UPDATE SET time = excluded.time
+                    """, arguments: [Data(report.replica.bigEndianBytes), Int64(clamping: report.time)])
+            }
+            var record = current
+            record.lostFutureRecovered[report.replica] = report.time
+            return record
+        }
     }
 
     /// Drops the reports of replicas for which `keep` is false (removed devices, older
@@ -186,6 +205,10 @@ extension ReplicaStore {
         for row in try Row.fetchAll(db, sql: "SELECT report FROM ownReport") {
             let report = try SeenReport(bytes: Array(row[0] as Data))
             record.ownReports[report.replica] = report
+        }
+        for row in try Row.fetchAll(db, sql: "SELECT replicaID, time FROM lostFuture") {
+            guard let replica = ReplicaID(bigEndianBytes: Array(row[0] as Data)) else { throw BinaryDecodingError.invalid("lostFuture: replica ID") }
+            record.lostFutureRecovered[replica] = UInt64(max(0, row[1] as Int64))
         }
     }
 }

@@ -13,6 +13,7 @@ import GRDB
 /// seen          compaction gossip: each replica's newest *signed* report (v5; signed since v6)
 /// compaction    one row: the stable context, the frontier's waiting candidate, totals (v5)
 /// ownReport     the last report this store signed, per replica ID it has written with (v6)
+/// lostFuture    per replica ID, the newest report of a lost future this store recovered from (v6)
 /// ```
 enum Schema {
     static let migrator: DatabaseMigrator = {
@@ -117,6 +118,11 @@ enum Schema {
                 t.column("report", .blob).notNull()
             }
             try db.alter(table: JournalRow.databaseTableName) { t in t.add(column: "events", .blob) }
+            // The newest report of a lost future this store recovered from, per replica ID.
+            try db.create(table: "lostFuture", options: .withoutRowID) { t in
+                t.column("replicaID", .blob).primaryKey()
+                t.column("time", .integer).notNull()
+            }
         }
         return migrator
     }()

@@ -900,6 +900,34 @@ struct DivergenceTests {
         #expect(a.core.repairs == 1)
     }
 
+    @Test("one replica has purged a deleted record and the other not yet: equal events, equal digests, no repair (issue 29, item 5)")
+    func compactionIsNotADivergence() throws {
+        var a = CoreNode("a")
+        var b = CoreNode("b")
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        try a.writeLocations(3, named: "kept", bytes: 10)
+        try a.write { try $0.save(Location(name: "doomed")) }
+        try link.settle(&a, &b, now: t0)
+        let doomed = try #require(a.state.fetchAll(Location.self).first { $0.name == "doomed" })
+        a.write { $0.delete(Location.self, id: doomed.id) }
+        try link.settle(&a, &b, now: t0)
+        #expect(a.state.context == b.state.context)
+        // a compacts (the deletion is stable), b has not run its step yet — as in a compaction
+        // run between batches, or one cut short by a kill.
+        let purged = a.state.purge([doomed.recordKey], stable: a.state.context)
+        #expect(purged.keys == [doomed.recordKey] && b.state.contains(doomed.recordKey) == false && b.state.records.record(doomed.recordKey) != nil)
+        #expect(a.state.digest == b.state.digest, "a deleted record is not in the digest, held or purged")
+        for ms in stride(from: 300, through: 3_000, by: 300) {
+            let later = t0 + .milliseconds(ms)
+            a.handle(a.core.tick(now: later))
+            b.handle(b.core.tick(now: later))
+            try link.settle(&a, &b, now: later)
+        }
+        #expect(a.core.repairs == 0 && b.core.repairs == 0)
+        #expect(!(a.events + b.events).contains { if case .divergenceRepaired = $0 { true } else { false } })
+    }
+
     @Test("a repair that does not reach equal digests is reported once, naming the peer and the records, and not repeated")
     func watchdogEscalates() throws {
         var a = CoreNode("a")

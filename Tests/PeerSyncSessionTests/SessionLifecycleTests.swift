@@ -104,19 +104,22 @@ struct SessionLifecycleTests {
         try await b.start()
         await b.node.addPeer(.loopback(a.port))
         #expect(await eventually { await a.node.peers().count == 1 && allConverged([a, b]) })
-        // b's next flush waits for the test: what a writes next is then written on b, not yet durable.
+        // The flush of the commit that stores what a writes next waits for the test: it is then
+        // written on b, not yet durable. (Only that one: b also flushes, e.g., its own signed
+        // compaction report.)
         let order = Mutex<[String]>([])
         let (atFlush, release) = (DispatchSemaphore(value: 0), DispatchSemaphore(value: 0))
         let held = Atomic<Bool>(false)
+        let last = Location(name: "arrives as b stops")
+        let store = b.store
         b.store.beforeFlush.withLock {
             $0 = {
-                guard !held.exchange(true, ordering: .relaxed) else { return }
+                guard store.state.records.record(last.recordKey) != nil, !held.exchange(true, ordering: .relaxed) else { return }
                 atFlush.signal()
                 _ = release.wait(timeout: .now() + 30)
                 order.withLock { $0.append("stored") }
             }
         }
-        let last = Location(name: "arrives as b stops")
         try await a.write { try $0.save(last) }
         #expect(await eventually { atFlush.wait(timeout: .now()) == .success })
         let stopping = Task {

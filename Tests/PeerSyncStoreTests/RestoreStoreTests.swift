@@ -79,4 +79,24 @@ struct RestoreStoreTests {
         #expect(reopened.state.records.record(gone.recordKey) == nil)
         #expect(reopened.compaction.frontier.stable.includes(stable))
     }
+
+    @Test("a report of our replica that holds what we never saw is our lost future's, even when we signed a later one first")
+    func lostFutureByContent() throws {
+        let dir = try makeTemporaryDirectory()
+        defer { removeTemporaryDirectory(dir) }
+        let store = try ReplicaStore.create(directory: dir, name: "restored")
+        func report(time: UInt64, _ context: CausalContext, signature: UInt8) -> SeenReport {
+            SeenReport(groupID: Array(repeating: 1, count: 16), device: Array(repeating: 2, count: 20), replica: store.replicaID,
+                       time: time, context: context, signature: Array(repeating: signature, count: 64))
+        }
+        // Signed by the restored store after the restore, before its lost future's report arrived.
+        try store.saveOwnReport(report(time: 9_000, store.state.context, signature: 1))
+        var lostContext = store.state.context
+        lostContext.insert(Dot(replica: testReplica(7), counter: 3))  // a delete the restored store never saw
+        let lost = report(time: 5_000, lostContext, signature: 2)
+        #expect(try store.recordSeen([lost]).fromLostFuture == [lost])
+        // Acknowledged once recovered: not news again.
+        try store.acknowledgeLostFuture(lost)
+        #expect(try store.recordSeen([lost]).fromLostFuture.isEmpty)
+    }
 }
