@@ -124,28 +124,24 @@ public struct ReplicaState: Sendable {
     /// state, so it drops echoes of what was purged before.
     @discardableResult
     public mutating func purge(_ keys: some Sequence<RecordKey>, stable: CausalContext) -> RecordMap.PurgeResult {
-        let result = records.purge(keys, stable: stable)
-        if !result.isEmpty, !conflicts.entries.isEmpty {
-            let gone = Set(result.keys)
-            if conflicts.entries.contains(where: { gone.contains($0.key) }) {
-                conflicts = ConflictLog(capacity: conflicts.capacity, entries: conflicts.entries.filter { !gone.contains($0.key) })
-            }
-        }
-        return result
+        forgetConflicts(about: records.purge(keys, stable: stable))
     }
 
     /// Drops records a complete round showed the group purged while this replica was in the
     /// past (``RecordMap/dropPurgedElsewhere(_:stable:)``), and the conflict log's entries about them.
     @discardableResult
     public mutating func dropPurgedElsewhere(_ keys: [RecordKey], stable: CausalContext) -> RecordMap.PurgeResult {
-        let result = records.dropPurgedElsewhere(keys, stable: stable)
-        if !result.isEmpty, !conflicts.entries.isEmpty {
-            let gone = Set(result.keys)
-            if conflicts.entries.contains(where: { gone.contains($0.key) }) {
-                conflicts = ConflictLog(capacity: conflicts.capacity, entries: conflicts.entries.filter { !gone.contains($0.key) })
-            }
+        forgetConflicts(about: records.dropPurgedElsewhere(keys, stable: stable))
+    }
+
+    /// Drops the conflict log's entries about the records `removed` took away; returns `removed`.
+    private mutating func forgetConflicts(about removed: RecordMap.PurgeResult) -> RecordMap.PurgeResult {
+        guard !removed.isEmpty, !conflicts.entries.isEmpty else { return removed }
+        let gone = Set(removed.keys)
+        if conflicts.entries.contains(where: { gone.contains($0.key) }) {
+            conflicts = ConflictLog(capacity: conflicts.capacity, entries: conflicts.entries.filter { !gone.contains($0.key) })
         }
-        return result
+        return removed
     }
 
     /// What a peer with context `peer` lacks (the full state for an empty context).

@@ -45,47 +45,23 @@ extension ReplicaStore {
     public func moveWritesSinceRestore(of old: ReplicaID, after milliseconds: UInt64) throws(StoreError) -> Int {
         let (counters, entries) = try localEvents(of: old, after: milliseconds)
         guard !counters.isEmpty else { return 0 }
-        do {
-            let moved = try changingState { inner -> Int in
-                var state = inner.state
-                var position = inner.position
-                var absorbed: [StoreChange] = []
-                let count = try run { db -> Int in
-                    absorbed = try catchUp(db, &state, &position)
-                    let current = state.replicaID
-                    let first = state.context.maxCounter(of: current) + 1
-                    guard let (records, changed) = state.records.movingEvents(counters, of: old, to: current, firstCounter: first)
-                    else { return 0 }
-                    let rows = try RecordRowWriter(db)
-                    for key in changed {
-                        guard let record = records.record(key) else { continue }
-                        try rows.upsert(collection: key.collection, id: key.id, visible: record.isVisible, state: record.encodedBlob())
-                    }
-                    let count = Int(records.context.maxCounter(of: current) - first + 1)
-                    try db.execute(sql: "UPDATE replica SET context = ?", arguments: [Data(records.context.encodedBlob())])
-                    // Moved once: these commits' events are not the old replica's any more (its
-                    // lost future's events under the same counters may arrive next).
-                    for entry in entries { try db.execute(sql: "UPDATE journal SET events = NULL WHERE seq = ?", arguments: [entry]) }
-                    var marker = JournalRow(committedAt: Int64(physicalClock()), origin: "restore",
-                                            summary: "moved \(count) writes made since a restore from \(old.shortDescription) to \(current.shortDescription)",
-                                            delta: nil)
-                    try marker.insert(db)
-                    position = marker.seq ?? position
-                    state = ReplicaState(replicaID: current, name: state.name, records: records, localSettings: state.localSettings,
-                                         conflicts: state.conflicts, clockFloor: state.clock.latest, physicalClock: physicalClock)
-                    state.purge([], stable: try Self.storedStable(db))
-                    return count
-                }
-                inner.state = state
-                inner.position = position
-                inner.absorbed += absorbed
-                commits.publish(state: state, absorbed: absorbed + [StoreChange(sequence: position, origin: "restore", delta: nil)], deltas: [])
-                return count
+        return try rewritingState(origin: "restore") { db, state in
+            let current = state.replicaID
+            let first = state.context.maxCounter(of: current) + 1
+            guard let (records, changed) = state.records.movingEvents(counters, of: old, to: current, firstCounter: first) else { return (0, nil) }
+            let rows = try RecordRowWriter(db)
+            for key in changed {
+                guard let record = records.record(key) else { continue }
+                try rows.upsert(collection: key.collection, id: key.id, visible: record.isVisible, state: record.encodedBlob())
             }
-            try flushToDisk()
-            return moved
-        } catch {
-            throw StoreError.wrap(error, path: path)
+            let count = Int(records.context.maxCounter(of: current) - first + 1)
+            try db.execute(sql: "UPDATE replica SET context = ?", arguments: [Data(records.context.encodedBlob())])
+            // Moved once: these commits' events are not the old replica's any more (its lost
+            // future's events under the same counters may arrive next).
+            for entry in entries { try db.execute(sql: "UPDATE journal SET events = NULL WHERE seq = ?", arguments: [entry]) }
+            state = ReplicaState(replicaID: current, name: state.name, records: records, localSettings: state.localSettings,
+                                 conflicts: state.conflicts, clockFloor: state.clock.latest, physicalClock: physicalClock)
+            return (count, "moved \(count) writes made since a restore from \(old.shortDescription) to \(current.shortDescription)")
         }
     }
 

@@ -8,53 +8,15 @@ import Testing
 /// twice, and must lose none of its writes (issue 17).
 @Suite("Restored and copied stores", .serialized)
 struct RestoreAndCopyTests {
-    let group = try! LocalGroup.make(names: ["a", "b"])
-    let files = ["replica.sqlite", "replica.sqlite-wal", "device-key.pem"]
-
-    /// Device `name` ("a" or "b") of the group: created on first use, opened afterwards.
+    let copies = StoreCopies(names: ["a", "b"])
+    var group: LocalGroup { copies.group }
     func open(_ directory: String, _ name: String, _ lines: RecordingLogHandler.Lines = .init()) throws -> Replica {
-        let logger = RecordingLogHandler.logger(name, into: lines)
-        if FileManager.default.fileExists(atPath: ReplicaStore.path(in: directory)) {
-            return try Replica.open(at: directory, logger: logger)
-        }
-        return try Replica.create(at: directory, member: group.names.firstIndex(of: name) ?? 0, of: group, logger: logger)
+        try copies.open(directory, name, lines)
     }
-
-    func sync(_ replica: Replica, peers: [UInt16] = []) async throws -> UInt16 {
-        try await replica.startSync(SyncConfiguration(security: .tls, listen: .loopback(0), peers: peers.map { .loopback($0) }))
-    }
-
-    func names(_ replica: Replica) throws -> [String] { try replica.fetchAll(Location.self).map(\.name).sorted() }
-
-    /// Copies the store's files (the node is stopped and the store closed, as a backup tool would).
-    func backup(_ directory: String, to copy: String) throws {
-        try FileManager.default.createDirectory(atPath: copy, withIntermediateDirectories: true)
-        for file in files where FileManager.default.fileExists(atPath: "\(directory)/\(file)") {
-            try FileManager.default.copyItem(atPath: "\(directory)/\(file)", toPath: "\(copy)/\(file)")
-        }
-    }
-
-    /// Puts a backup back: as new files, or written over the existing files in place (same
-    /// inode: the store cannot tell from its file, only peers can).
-    func restore(_ copy: String, to directory: String, inPlace: Bool) throws {
-        try? FileManager.default.removeItem(atPath: "\(directory)/replica.sqlite-shm")
-        for file in files where file != "device-key.pem" {
-            let target = "\(directory)/\(file)"
-            guard let bytes = FileManager.default.contents(atPath: "\(copy)/\(file)") else {
-                try? FileManager.default.removeItem(atPath: target)
-                continue
-            }
-            if inPlace {
-                let handle = try #require(FileHandle(forUpdatingAtPath: target))
-                try handle.truncate(atOffset: 0)
-                try handle.write(contentsOf: bytes)
-                try handle.close()
-            } else {
-                try FileManager.default.removeItem(atPath: target)
-                #expect(FileManager.default.createFile(atPath: target, contents: bytes))
-            }
-        }
-    }
+    func sync(_ replica: Replica, peers: [UInt16] = []) async throws -> UInt16 { try await copies.sync(replica, peers: peers) }
+    func names(_ replica: Replica) throws -> [String] { try copies.names(replica) }
+    func backup(_ directory: String, to copy: String) throws { try copies.backup(directory, to: copy) }
+    func restore(_ copy: String, to directory: String, inPlace: Bool) throws { try copies.restore(copy, to: directory, inPlace: inPlace) }
 
     @Test("restored from a backup, one write offline, then synced: both hold all four records", arguments: [false, true])
     func restore(inPlace: Bool) async throws {

@@ -9,60 +9,13 @@ import Testing
 /// made since the restore is kept (issue 29, failures 1 and 3). Real TLS, real SQLite files.
 @Suite("Time travel", .serialized)
 struct TimeTravelTests {
-    let group = try! LocalGroup.make(names: ["a", "b"])
-    let files = ["replica.sqlite", "replica.sqlite-wal", "device-key.pem"]
-
+    let copies = StoreCopies(names: ["a", "b"])
     func open(_ directory: String, _ name: String, _ lines: RecordingLogHandler.Lines = .init()) throws -> Replica {
-        let logger = RecordingLogHandler.logger(name, into: lines)
-        if FileManager.default.fileExists(atPath: ReplicaStore.path(in: directory)) {
-            return try Replica.open(at: directory, logger: logger)
-        }
-        return try Replica.create(at: directory, member: group.names.firstIndex(of: name) ?? 0, of: group, logger: logger)
+        try copies.open(directory, name, lines)
     }
-
-    func sync(_ replica: Replica, peers: [UInt16] = []) async throws -> UInt16 {
-        try await replica.startSync(SyncConfiguration(security: .tls, listen: .loopback(0), peers: peers.map { .loopback($0) }))
-    }
-
-    func names(_ replica: Replica) throws -> [String] { try replica.fetchAll(Location.self).map(\.name).sorted() }
-
-    func backup(_ directory: String, to copy: String) throws {
-        try FileManager.default.createDirectory(atPath: copy, withIntermediateDirectories: true)
-        for file in files where FileManager.default.fileExists(atPath: "\(directory)/\(file)") {
-            try FileManager.default.copyItem(atPath: "\(directory)/\(file)", toPath: "\(copy)/\(file)")
-        }
-    }
-
-    /// Puts a backup back: as new files, or written over the existing files in place (same
-    /// inode: the store cannot tell from its file, only peers can).
-    func restore(_ copy: String, to directory: String, inPlace: Bool) throws {
-        try? FileManager.default.removeItem(atPath: "\(directory)/replica.sqlite-shm")
-        for file in files where file != "device-key.pem" {
-            let target = "\(directory)/\(file)"
-            guard let bytes = FileManager.default.contents(atPath: "\(copy)/\(file)") else {
-                try? FileManager.default.removeItem(atPath: target)
-                continue
-            }
-            if inPlace, FileManager.default.fileExists(atPath: target) {
-                let handle = try #require(FileHandle(forUpdatingAtPath: target))
-                try handle.truncate(atOffset: 0)
-                try handle.write(contentsOf: bytes)
-                try handle.close()
-            } else {
-                try? FileManager.default.removeItem(atPath: target)
-                #expect(FileManager.default.createFile(atPath: target, contents: bytes))
-            }
-        }
-    }
-
-    /// Stops `replica` and lets it go, waiting (bounded) until its store is closed — nothing
-    /// (a compaction step, a checkpoint pass) writes to the files after this returns.
-    func close(_ replica: inout Replica?) async {
-        await replica?.stopSync()
-        weak let store = replica?.store
-        replica = nil
-        #expect(await eventually(timeout: .seconds(10)) { store == nil }, "the store was not released")
-    }
+    func sync(_ replica: Replica, peers: [UInt16] = []) async throws -> UInt16 { try await copies.sync(replica, peers: peers) }
+    func names(_ replica: Replica) throws -> [String] { try copies.names(replica) }
+    func close(_ replica: inout Replica?) async { await copies.close(&replica) }
 
     /// Both replicas purged at least `count` deleted records (automatic compaction).
     func purged(_ replicas: Replica..., atLeast count: Int) async -> Bool {
@@ -86,14 +39,14 @@ struct TimeTravelTests {
         try await a.save(Location(name: "Y"))
         #expect(await eventually { (try? names(b!)) == ["X", "Y"] })
         await close(&b)
-        try backup(dirB, to: saved)
+        try copies.backup(dirB, to: saved)
         b = try open(dirB, "b", lines)
         _ = try await sync(b!, peers: [portA])
         try await a.delete(Location.self, id: x.id)
         #expect(await purged(a, b!, atLeast: 1), "a: \(a.compactionStatus().summary()) b: \(b!.compactionStatus().summary())")
         await close(&b)
         // The backup, from before the delete, is put back.
-        try restore(saved, to: dirB, inPlace: inPlace)
+        try copies.restore(saved, to: dirB, inPlace: inPlace)
         b = try open(dirB, "b", lines)
         #expect(try names(b!) == ["X", "Y"])
         _ = try await sync(b!, peers: [portA])
@@ -118,7 +71,7 @@ struct TimeTravelTests {
         try await a.save(Location(name: "shared"))
         #expect(await eventually { (try? names(b!)) == ["shared"] })
         await close(&b)
-        try backup(dirB, to: saved)
+        try copies.backup(dirB, to: saved)
         // b's lost future: one write, synced; a deletes it; both purge it.
         b = try open(dirB, "b", lines)
         _ = try await sync(b!, peers: [portA])
@@ -129,7 +82,7 @@ struct TimeTravelTests {
         #expect(await purged(a, b!, atLeast: 1), "a: \(a.compactionStatus().summary()) b: \(b!.compactionStatus().summary())")
         await close(&b)
         // Put back over the same files; one write offline, under the counter the lost future used.
-        try restore(saved, to: dirB, inPlace: true)
+        try copies.restore(saved, to: dirB, inPlace: true)
         b = try open(dirB, "b", lines)
         try await b!.save(Location(name: "offline after the restore"))
         _ = try await sync(b!, peers: [portA])
