@@ -17,7 +17,8 @@ extension SeenReport {
         /// Signed by the active device that claims its replica: it counts.
         case valid
         /// Its device or its replica's claim is not in this roster yet (they may be on their
-        /// way): not kept, not an offence; the sender offers it again with its next report.
+        /// way): not an offence; the receiver holds it and judges it again when its roster
+        /// changes (the sender does not offer it again).
         case notYetKnown(String)
         /// Signed by a device that was removed: removed devices' reports stop counting.
         case removedDevice

@@ -196,4 +196,22 @@ struct GossipCoreTests {
         #expect(try deliverSeen(SeenMessage.encodedBody([older]), to: &a, on: link.aSession) == nil)
         #expect(a.seen?[b.replicaID] == newer)
     }
+
+    @Test("a report whose replica claim has not reached the receiver yet is held, and counts once the claim arrives (the sender does not offer it again)")
+    func reportBeforeItsClaimCountsLater() throws {
+        let group = CoreNode.group
+        var a = CoreNode("a", signedReports: true)
+        var b = CoreNode("b", signedReports: true)
+        let c = CoreNode("c", signedReports: true)
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        // c's claim on its replica is in c's store only: a cannot judge c's report yet.
+        let report = SeenReport.signed(by: group.keys[2], group: group.groupID, replica: c.replicaID, time: 1_000, context: a.state.context)
+        #expect(try deliverSeen(SeenMessage.encodedBody([report]), to: &a, on: link.aSession) == nil, "not an offence")
+        #expect(a.seen?[c.replicaID] == nil)
+        // The claim arrives (as with a catch-up's roster chunk) and the roster changes.
+        _ = a.state.apply(c.state.records)
+        a.handle(a.core.updateRoster(a.state.roster(of: group.groupID), identity: a.core.settings.identity, now: t0))
+        #expect(a.seen?[c.replicaID] == report)
+    }
 }

@@ -152,8 +152,9 @@ extension ReplicationCore {
     /// becomes a member's.
     mutating func joinerAdmitted(_ id: SessionID, roster: Roster, now: MonotonicInstant, state: ReplicaState) -> [Action] {
         self.roster = roster
-        guard let session = sessions[id], session.phase == .joining, let hello = session.peer else { return [] }
-        return register(id, hello: hello, now: now, state: state) + startCommitIfIdle(state: state, now: now)
+        let judged = judgeHeldReports()
+        guard let session = sessions[id], session.phase == .joining, let hello = session.peer else { return judged }
+        return judged + register(id, hello: hello, now: now, state: state) + startCommitIfIdle(state: state, now: now)
     }
 
     /// The roster changed (a local or a peer's entry): sessions of devices no longer active end.
@@ -161,7 +162,7 @@ extension ReplicationCore {
         self.roster = roster
         settings.identity = identity
         pruneProvisionalClaims()
-        var actions: [Action] = []
+        var actions = judgeHeldReports()
         for id in sessions.keys.sorted() {
             guard let session = sessions[id], session.phase == .established, let device = session.peerKey?.deviceID else { continue }
             if case .refused(let reason, let text) = roster.admission(of: device, pendingJoin: identity.pendingJoin) {

@@ -35,18 +35,44 @@ extension ReplicationCore {
                 return refuse(id, .forgedReport, "a compaction report is refused: \(why)", now: now)
             case .notYetKnown(let why):
                 skipped.append(why)
+                heldReports.hold(report, unlessOlderThan: reportTimes[report.replica])
             case .removedDevice:
                 break
             }
         }
         var actions: [Action] = []
         if !skipped.isEmpty {
-            actions.append(.log(CoreLog(.debug, "compaction reports left out", sessionMetadata(session, ["reason": skipped.joined(separator: "; ")]))))
+            actions.append(.log(CoreLog(.debug, "compaction reports held until the roster knows their device", sessionMetadata(session, ["reason": skipped.joined(separator: "; ")]))))
         }
         for report in valid where report.time > reportTimes[report.replica] ?? 0 { reportTimes[report.replica] = report.time }
         // The peer has what it sent: never sent back to it.
         for report in reports where report.time > sessions[id]!.reportsSent[report.replica] ?? 0 {
             sessions[id]!.reportsSent[report.replica] = report.time
+        }
+        if !valid.isEmpty { actions.append(.recordSeen(valid)) }
+        return actions
+    }
+
+    /// The roster changed: held reports it now lets us judge count, or are dropped (forged, or
+    /// by a removed device); the rest wait on.
+    mutating func judgeHeldReports() -> [Action] {
+        guard !heldReports.isEmpty else { return [] }
+        var valid: [SeenReport] = []
+        var actions: [Action] = []
+        for report in heldReports.all {
+            let verdict = report.verdict(in: roster)
+            if case .notYetKnown = verdict { continue }
+            heldReports.remove(report.replica)
+            switch verdict {
+            case .valid:
+                if report.time > reportTimes[report.replica] ?? 0 { reportTimes[report.replica] = report.time }
+                valid.append(report)
+            case .forged(let why):
+                // The session that brought it may be gone: the report is dropped and said.
+                actions.append(.log(CoreLog(.warning, "a held compaction report is refused", ["reason": "\(why)"])))
+            case .removedDevice, .notYetKnown:
+                break
+            }
         }
         if !valid.isEmpty { actions.append(.recordSeen(valid)) }
         return actions
@@ -91,5 +117,37 @@ extension ReplicationCore {
         guard state.context.maxCounter(of: replica) > counter else { return nil }
         let newest = [reportTimes[replica], state.records.newestWrite(by: replica, above: counter)].compactMap { $0 }.max()
         return newest
+    }
+}
+
+/// Reports the roster could not judge yet when they arrived (their device or its claim on the
+/// replica was on its way): the newest per replica, at most ``limit`` replicas and
+/// ``byteLimit`` bytes, so that a member sending reports of devices nobody knows costs bounded
+/// memory. When full, a new replica's report is dropped (its signer's next report brings it).
+struct HeldReports {
+    static let limit = 256
+    static let byteLimit = 4 << 20
+    private var byReplica: [ReplicaID: SeenReport] = [:]
+    private var bytes = 0
+
+    var isEmpty: Bool { byReplica.isEmpty }
+    /// In replica order (deterministic).
+    var all: [SeenReport] { byReplica.keys.sorted().map { byReplica[$0]! } }
+
+    mutating func hold(_ report: SeenReport, unlessOlderThan known: UInt64?) {
+        guard report.time > known ?? 0 else { return }
+        let size = report.bytes.count
+        if let held = byReplica[report.replica] {
+            guard report.time > held.time else { return }
+            bytes -= held.bytes.count
+        } else if byReplica.count >= Self.limit || bytes + size > Self.byteLimit {
+            return
+        }
+        byReplica[report.replica] = report
+        bytes += size
+    }
+
+    mutating func remove(_ replica: ReplicaID) {
+        if let held = byReplica.removeValue(forKey: replica) { bytes -= held.bytes.count }
     }
 }

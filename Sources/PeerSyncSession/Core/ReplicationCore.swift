@@ -92,6 +92,10 @@ struct ReplicationCore {
     var ownReportRound: MonotonicInstant?
     /// The newest report time known for each other replica (for ``lostSince(of:holding:state:)``).
     var reportTimes: [ReplicaID: UInt64] = [:]
+    /// Reports whose device or replica claim the roster did not have when they arrived (the
+    /// newest per replica, within ``HeldReports/limit``): judged again whenever the roster
+    /// changes, since the sender does not offer them again (ReplicationCore+Gossip.swift).
+    var heldReports = HeldReports()
     /// Replica IDs claimed by roster entries in frames admitted but not yet committed, with the
     /// session that brought them: a catch-up's roster chunk and the chunks with the new device's
     /// writes may be committed separately, and another session may forward those writes first.
