@@ -296,6 +296,12 @@ public struct Roster: Sendable {
         return replicas
     }
 
+    /// Devices removed from the group (or banned before they joined): a node does not dial an
+    /// address where a session showed one of them.
+    public var removedDevices: Set<DeviceID> {
+        Set(devices.keys.filter { isRemoved($0) }).union(banned.keys)
+    }
+
     /// `removed from the group by Ana at 2026-11-20T14:03:07Z` for a removed (or banned) device
     /// (the remover's name, else its short device ID); nil for any other.
     public func removalText(of device: DeviceID) -> String? {

@@ -155,6 +155,9 @@ public actor Replicator {
     /// The replica at the other end of session `id`, once its hello arrived.
     func peerReplica(of id: SessionID) -> ReplicaID? { core.session(id)?.peer?.replicaID }
 
+    /// The device at the other end of session `id`, once its hello's key was checked.
+    func peerDevice(of id: SessionID) -> DeviceID? { core.session(id)?.peerKey?.deviceID }
+
     // MARK: - Local changes
 
     /// Ships a committed local delta to every connected peer.

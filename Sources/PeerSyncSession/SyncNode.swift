@@ -118,10 +118,13 @@ public actor SyncNode {
     private func followRoster() async {
         let (replicator, dialer) = (self.replicator, self.dialer)
         let events = replicator.events()
-        await dialer.setRemovedReplicas(await replicator.roster.replicasOfRemovedDevices)
+        let roster = await replicator.roster
+        await dialer.setRemoved(replicas: roster.replicasOfRemovedDevices, devices: roster.removedDevices)
         tasks.append(Task {
             for await event in events {
-                if case .rosterChanged(let roster, _) = event { await dialer.setRemovedReplicas(roster.replicasOfRemovedDevices) }
+                if case .rosterChanged(let roster, _) = event {
+                    await dialer.setRemoved(replicas: roster.replicasOfRemovedDevices, devices: roster.removedDevices)
+                }
             }
         })
     }
@@ -278,6 +281,7 @@ public actor SyncNode {
         var reason = SessionEndReason.connectionLost(detail: "")
         var ended: (reason: SessionEndReason, established: Bool)?
         var peerReplica: ReplicaID?
+        var peerDevice: DeviceID?
         do {
             try await channel.executeThenClose { inbound, outbound in
                 let writer = Task {
@@ -300,6 +304,7 @@ public actor SyncNode {
                 if let peer = await replicator.peerReplica(of: id), origin.initiator {
                     self.remember(peer, at: origin.address)
                     peerReplica = peer
+                    peerDevice = await replicator.peerDevice(of: id)
                 }
                 if frameError {
                     await writer.value  // the error frame goes out first (bounded by the drain timeout)
@@ -313,7 +318,7 @@ public actor SyncNode {
         }
         ended = await replicator.transportEnded(id, reason: reason) ?? ended
         return Dialer.Result(reason: ended?.reason ?? reason, established: ended?.established ?? false,
-                             lasted: ContinuousClock.now - opened, peer: peerReplica)
+                             lasted: ContinuousClock.now - opened, peer: peerReplica, peerDevice: peerDevice)
     }
 
     private func remember(_ replica: ReplicaID, at address: String) { addressReplica[address] = replica }

@@ -20,9 +20,9 @@ struct DevicesTests {
         var port: UInt16 = 0
         let lines = RecordingLogHandler.Lines()
 
-        init(_ make: (String, Logger) throws -> Replica) throws {
+        init(level: Logger.Level = .info, _ make: (String, Logger) throws -> Replica) throws {
             directory = try makeTemporaryDirectory("peersync-device")
-            replica = try make(directory, RecordingLogHandler.logger("device", into: lines, level: .info))
+            replica = try make(directory, RecordingLogHandler.logger("device", into: lines, level: level))
         }
 
         @discardableResult
@@ -185,11 +185,14 @@ struct DevicesTests {
         let dropped = ContinuousClock.now - started
         print("reliability: removal → every member dropped the removed device's sessions in \(Int(dropped.millisecondsDouble)) ms")
         #expect(await eventually { await statusText(d).contains("removed") })
-        // D never receives the removal entry (members refuse it first): a member's refusal says
-        // by whom and when, and the status keeps saying so whatever D's sessions do next.
+        // D is not sent the removal entry (members refuse it first): a member's refusal says by
+        // whom and when, and the status keeps saying so whatever D's sessions do next. (A round
+        // planned from A's store in the moment between the removal's commit and the refusal can
+        // carry the entry, on a busy machine: then D's own roster says the same.)
         let notice = await d.replica.removal
-        #expect(notice?.source != .roster && notice?.detail.contains("was removed from the group by A at 20") == true, "\(String(describing: notice))")
-        #expect(await statusText(d).hasPrefix("this device was removed from the group, says the peer at 127.0.0.1:"))
+        #expect(notice?.detail.contains("removed from the group by A at 20") == true, "\(String(describing: notice))")
+        #expect(await statusText(d).hasPrefix(notice?.source == .roster ? "this device was removed from the group by A at 20"
+                                                                          : "this device was removed from the group, says the peer at 127.0.0.1:"))
 
         // D writes on; members write on.
         try await d.replica.save(Location(name: "D after its removal"))
@@ -212,7 +215,7 @@ struct DevicesTests {
     @Test("a member whose --peer is a removed device stops dialing it: at once if connected, or while it is away; it says so once")
     func removedPeerNotRedialed() async throws {
         let group = try LocalGroup.make(names: ["A", "D", "E"])
-        let devices = try (0..<3).map { i in try Device { try Replica.create(at: $0, member: i, of: group, logger: $1) } }
+        let devices = try (0..<3).map { i in try Device(level: i == 0 ? .debug : .info) { try Replica.create(at: $0, member: i, of: group, logger: $1) } }
         defer { Task { for device in devices { await device.close() } } }
         let (a, d, e) = (devices[0], devices[1], devices[2])
         // A dials D and E (configured); neither dials A.
@@ -233,7 +236,8 @@ struct DevicesTests {
         // Neither address is dialed any more: D's after A refused it on the session A had dialed,
         // E's because a session there had shown E's replica ID, which the roster now says is a
         // removed device's. One line each.
-        #expect(await eventually { await a.replica.syncHealth().limits.dialTargets == 0 })
+        #expect(await eventually { await a.replica.syncHealth().limits.dialTargets == 0 },
+                "\(a.lines.all.filter { $0.contains("dial") || $0.contains("session") || $0.contains("removed") || $0.contains("peer") }.joined(separator: "\n"))")
         await a.replica.addPeer(.loopback(d.port))
         #expect(await a.replica.syncHealth().limits.dialTargets == 0)
         let said = a.lines.all.filter { $0.contains("not dialing a removed device") }

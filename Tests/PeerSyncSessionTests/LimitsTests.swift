@@ -1,6 +1,7 @@
 import Foundation
 import PeerSyncCRDT
 @testable import PeerSyncSession
+import PeerSyncIdentity
 import PeerSyncWire
 import Testing
 
@@ -377,7 +378,7 @@ struct LimitsTests {
         var scheduler = Self.scheduler()
         let (r1, r2, r3) = (ReplicaID(high: 1, low: 1), ReplicaID(high: 2, low: 2), ReplicaID(high: 3, low: 3))
         let (advert, other, configured) = (Self.address(1), Self.address(2), Self.address(3))
-        let droppedFirst = scheduler.setRemovedReplicas([r1])
+        let droppedFirst = scheduler.setRemoved(replicas: [r1], devices: [])
         #expect(droppedFirst.isEmpty)
         let removedAdvert = scheduler.add(advert, source: .discovered(serviceName: "removed"), replica: r1, now: t0)
         #expect(!removedAdvert)
@@ -386,11 +387,11 @@ struct LimitsTests {
         scheduler.add(configured, source: .configured, now: t0)
         #expect(Set(scheduler.due(now: t0)) == [other, configured])
         // A session at the configured address showed r3 there; both now wait to be redialed.
-        scheduler.learned(r3, at: configured)
+        scheduler.learned(r3, device: nil, at: configured)
         scheduler.ended(configured, .established(lasted: .seconds(60)), now: t0, jitter: 0)
         scheduler.ended(other, .failed, now: t0, jitter: 0)
         // The roster removes the devices of r2 and r3: neither address is dialed again.
-        let dropped = scheduler.setRemovedReplicas([r1, r2, r3])
+        let dropped = scheduler.setRemoved(replicas: [r1, r2, r3], devices: [])
         #expect(dropped == [other, configured].sorted { $0.description < $1.description })
         #expect(scheduler.targets.isEmpty)
         #expect(scheduler.due(now: t0 + .seconds(3_600)).isEmpty)
@@ -398,10 +399,29 @@ struct LimitsTests {
         let running = Self.address(5)
         scheduler.add(running, source: .discovered(serviceName: "running"), replica: ReplicaID(high: 5, low: 5), now: t0)
         #expect(scheduler.due(now: t0) == [running])
-        let droppedRunning = scheduler.setRemovedReplicas([r1, r2, r3, ReplicaID(high: 5, low: 5)])
+        let droppedRunning = scheduler.setRemoved(replicas: [r1, r2, r3, ReplicaID(high: 5, low: 5)], devices: [])
         #expect(droppedRunning.isEmpty)
         let runningGivenUp = scheduler.ended(running, .failed, now: t0, jitter: 0)
         #expect(runningGivenUp)
+        #expect(scheduler.targets.isEmpty)
+    }
+
+    @Test("an address where a session authenticated a device that is then removed is not dialed again, even if its replica's claim never arrived")
+    func removedDeviceNotDialed() {
+        var scheduler = Self.scheduler()
+        let device = DeviceKey.generate().deviceID
+        let (waiting, running) = (Self.address(1), Self.address(2))
+        scheduler.add(waiting, source: .configured, now: t0)
+        scheduler.add(running, source: .configured, now: t0)
+        #expect(Set(scheduler.due(now: t0)) == [waiting, running])
+        // A session at each showed the device (one replica each; no claim of either is known).
+        scheduler.learned(ReplicaID(high: 7, low: 7), device: device, at: waiting)
+        scheduler.learned(ReplicaID(high: 8, low: 8), device: device, at: running)
+        scheduler.ended(waiting, .established(lasted: .seconds(60)), now: t0, jitter: 0)
+        let dropped = scheduler.setRemoved(replicas: [], devices: [device])
+        #expect(dropped == [waiting])
+        let givenUp = scheduler.ended(running, .failed, now: t0, jitter: 0)
+        #expect(givenUp)
         #expect(scheduler.targets.isEmpty)
     }
 

@@ -1,4 +1,5 @@
 import PeerSyncCRDT
+import PeerSyncIdentity
 import PeerSyncWire
 
 /// Which addresses a node dials, and when, with no sockets and no clock. Addresses come from the
@@ -29,10 +30,11 @@ import PeerSyncWire
 ///   seconds does not change.
 /// - A peer this node refuses because the roster says its device was removed
 ///   (``Outcome/removedDevice``) is not dialed again at that address while the node runs (the
-///   last ``rememberedLimit`` such addresses are kept), and an address whose replica ID (from
-///   its advert, or a session there) a removed device claimed (``setRemovedReplicas(_:)``) is
-///   not dialed at all. A static peer is an address: which device is behind it is known only
-///   once a session reached it.
+///   last ``rememberedLimit`` such addresses are kept), and an address where a removed device
+///   is (``setRemoved(replicas:devices:)``: a replica ID it claimed, from its advert or a
+///   session there, or its device, from a session there) is not dialed at all. A static peer
+///   is an address: which device is behind it is known only once a session reached it (by its
+///   device key, even if its replica's claim never reached this node).
 /// - An address found again keeps its backoff, also after it was withdrawn (``remove(_:)``
 ///   drops it once its attempt or session ends; the last ``rememberedLimit`` refused addresses
 ///   are remembered), so re-announcing a forged advert does not buy it an early attempt.
@@ -138,6 +140,8 @@ struct DialScheduler {
         var everEstablished = false
         /// The replica there, as its advert or a session there named it.
         var replica: ReplicaID?
+        /// The device there, as a session there authenticated it.
+        var device: DeviceID?
         /// Arrival order, for ties.
         let order: UInt64
 
@@ -157,7 +161,9 @@ struct DialScheduler {
     /// Addresses where this node refused a removed device (``Outcome/removedDevice``), with the
     /// order they were found in (the oldest is forgotten beyond ``rememberedLimit``).
     private(set) var removedAddresses: [PeerAddress: UInt64] = [:]
-    /// Replica IDs claimed by removed devices (the roster's, from ``setRemovedReplicas(_:)``).
+    /// Removed devices, and the replica IDs they claimed (the roster's, from ``setRemoved(replicas:devices:)``).
+    private(set) var removedDevices: Set<DeviceID> = []
+    /// Replica IDs claimed by removed devices (the roster's, from ``setRemoved(replicas:devices:)``).
     private(set) var removedReplicas: Set<ReplicaID> = []
     /// Attempts started so far.
     private(set) var attempts = 0
@@ -201,13 +207,14 @@ struct DialScheduler {
         return true
     }
 
-    /// The replica IDs removed devices claimed (the roster's, after every change): a target
-    /// waiting to dial one of them is dropped, and an advert naming one is not dialed. Returns
-    /// the addresses dropped now (one dialing or connected ends when the node refuses it).
-    mutating func setRemovedReplicas(_ replicas: Set<ReplicaID>) -> [PeerAddress] {
+    /// The removed devices and the replica IDs they claimed (the roster's, after every change):
+    /// a target waiting to dial one of them is dropped, and an advert naming one is not dialed.
+    /// Returns the addresses dropped now (one dialing or connected ends when the node refuses it).
+    mutating func setRemoved(replicas: Set<ReplicaID>, devices: Set<DeviceID>) -> [PeerAddress] {
         removedReplicas = replicas
+        removedDevices = devices
         let dropped = targets.values.filter { target in
-            guard let replica = target.replica, replicas.contains(replica), case .waiting = target.phase else { return false }
+            guard isRemoved(target), case .waiting = target.phase else { return false }
             return true
         }.map(\.address).sorted { $0.description < $1.description }
         for address in dropped {
@@ -217,10 +224,15 @@ struct DialScheduler {
         return dropped
     }
 
-    /// A session showed that `replica` is at `address` (should a removed device claim it, the
-    /// address is not dialed again).
-    mutating func learned(_ replica: ReplicaID, at address: PeerAddress) {
+    /// A session showed that `replica` of `device` is at `address` (should that device be
+    /// removed, the address is not dialed again).
+    mutating func learned(_ replica: ReplicaID, device: DeviceID?, at address: PeerAddress) {
         targets[address]?.replica = replica
+        if let device { targets[address]?.device = device }
+    }
+
+    private func isRemoved(_ target: Target) -> Bool {
+        target.replica.map(removedReplicas.contains) == true || target.device.map(removedDevices.contains) == true
     }
 
     /// `source` is gone (a withdrawn advert): its addresses are no longer dialed once their
@@ -298,7 +310,7 @@ struct DialScheduler {
     mutating func ended(_ address: PeerAddress, _ outcome: Outcome, now: MonotonicInstant, jitter: Double) -> Bool {
         guard var target = targets[address] else { return false }
         // The roster removed the device there while this attempt ran.
-        let removed = outcome != .stopped && target.replica.map(removedReplicas.contains) == true
+        let removed = outcome != .stopped && isRemoved(target)
         let delay: Duration
         switch removed ? .removedDevice : outcome {
         case .established(let lasted):

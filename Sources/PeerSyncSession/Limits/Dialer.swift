@@ -1,5 +1,6 @@
 import Logging
 import PeerSyncCRDT
+import PeerSyncIdentity
 
 /// Carries out a node's ``DialScheduler``: starts the attempts it decides on, sleeps until the
 /// next one is due (or an attempt ends), and reports how each attempt ended. The attempt itself
@@ -11,8 +12,9 @@ actor Dialer {
         var reason: SessionEndReason
         var established: Bool
         var lasted: Duration
-        /// The replica at the other end, once its hello arrived.
+        /// The replica at the other end, once its hello arrived, and its device once authenticated.
         var peer: ReplicaID?
+        var peerDevice: DeviceID?
     }
 
     typealias Attempt = @Sendable (PeerAddress, _ established: @escaping @Sendable () -> Void) async -> Result?
@@ -52,9 +54,9 @@ actor Dialer {
         }
     }
 
-    /// The replica IDs removed devices claimed, after every roster change.
-    func setRemovedReplicas(_ replicas: Set<ReplicaID>) {
-        for address in scheduler.setRemovedReplicas(replicas) {
+    /// The removed devices and the replica IDs they claimed, after every roster change.
+    func setRemoved(replicas: Set<ReplicaID>, devices: Set<DeviceID>) {
+        for address in scheduler.setRemoved(replicas: replicas, devices: devices) {
             logger.info("not dialing a removed device again", metadata: ["peer.address": "\(address)"])
         }
     }
@@ -100,7 +102,7 @@ actor Dialer {
         let outcome = result.map { DialScheduler.Outcome(reason: $0.reason, established: $0.established, lasted: $0.lasted) }
             ?? .connectedElsewhere
         let now = ContinuousClock.now
-        if let peer = result?.peer { scheduler.learned(peer, at: address) }
+        if let peer = result?.peer { scheduler.learned(peer, device: result?.peerDevice, at: address) }
         let givenUp = scheduler.ended(address, outcome, now: now, jitter: .random(in: -1...1))
         if outcome == .rejected || outcome == .refusedByPeer, let target = scheduler.targets[address],
            case .waiting(let until) = target.phase {
