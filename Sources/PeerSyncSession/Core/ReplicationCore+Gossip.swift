@@ -102,12 +102,18 @@ extension ReplicationCore {
     }
 
     /// A report signed by ``refreshOwnReport(state:wallClock:)`` is stored (or, `report` nil,
-    /// could not be): it goes out with the next gossip round.
+    /// could not be): it goes out now — it was signed in a gossip round, at most one per round,
+    /// and waiting for the next round put one quiet period more on every compaction.
     mutating func ownReportSaved(_ report: SeenReport?, now: MonotonicInstant) -> [Action] {
         ownReportPending = false
         guard let report else { return [] }
         ownReport = report
-        return gossipChanged(now: now)
+        var actions: [Action] = []
+        for id in established.values.sorted() where sessions[id]?.peer?.features.contains(.signedReports) == true {
+            sessions[id]!.out.gossipDue = true
+            actions.append(.wake(id))
+        }
+        return actions
     }
 
     /// The newest time this node knows of writes or reports by `replica` beyond `counter` (what
