@@ -318,7 +318,9 @@ enum ConvergenceBenchmarks {
             let records = quick ? 50 : 200
             let edits = quick ? 5 : 20
             var metrics: [String: Double] = [:]
-            for transfer in transfers {
+            // PEERSYNC_MESH_TRANSFERS=deltas runs the delta mesh only.
+            let only = ProcessInfo.processInfo.environment["PEERSYNC_MESH_TRANSFERS"]
+            for transfer in transfers where only.map({ $0.split(separator: ",").contains(Substring(transfer.label)) }) ?? true {
                 // Full state to every peer on every edit grows as peers² × edits: stop at 8 peers.
                 let sizes = quick ? [2, 4] : (transfer == .deltas ? meshSizes : [2, 4, 8])
                 for n in sizes {
@@ -406,9 +408,17 @@ enum ConvergenceBenchmarks {
                             idle["idle_frame_bytes_per_s_per_peer_\(name)"] = Double(sent) * perPeerSecond
                         }
                     }
+                    // Each peer's own signed report (issue 32), mean over peers: the frame that
+                    // carries it alone (what each peer sends each other peer in a round where it
+                    // changed), the report, and its context blob.
+                    let ownFrames = peers.map { ownSeenFrameBytes($0.store) }
+                    let ownReports = peers.map { ownSeenReportBytes($0.store) }
                     for w in watchers { w.cancel() }
                     for p in peers { await p.stop() }
                     guard converged else { throw BenchmarkFailure("mesh (\(transfer.label), \(n) peers) did not converge") }
+                    metrics["\(transfer.label)_\(n)p_seen_own_frame_bytes"] = Double(ownFrames.reduce(0, +)) / Double(n)
+                    metrics["\(transfer.label)_\(n)p_seen_own_report_bytes"] = Double(ownReports.map(\.report).reduce(0, +)) / Double(n)
+                    metrics["\(transfer.label)_\(n)p_seen_own_context_bytes"] = Double(ownReports.map(\.context).reduce(0, +)) / Double(n)
                     let samples = trackers.flatMap(\.samples).sorted()
                     let ops = n * edits
                     let p = "\(transfer.label)_\(n)p"
