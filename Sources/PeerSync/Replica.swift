@@ -193,6 +193,11 @@ public actor Replica {
         setStatus(.connecting)
         tasks.append(Task { await self.follow(replicator.events()) })
         tasks.append(Task { await self.watchOtherProcesses() })
+        // What the stored reports already allow: a process killed between receiving the last
+        // report and its compaction step would otherwise wait for the next commit or report,
+        // which in a quiet group never comes. (Only if something deleted is held: nothing else
+        // for a step to do.)
+        if store.state.records.invisibleRecordCount > 0 { scheduleCompaction() }
         guard configuration.usesTCP else { return 0 }
         let node = try SyncNode(replicator: replicator, logger: logger)
         self.node = node

@@ -45,7 +45,7 @@ final class NodeProcess: @unchecked Sendable {
 
 /// `peersync status --json`, the parts the month needs.
 struct MonthStatus: Decodable {
-    struct Compaction: Decodable { var deletedRecords: Int; var purgedRecords: Int }
+    struct Compaction: Decodable { var deletedRecords: Int; var purgedRecords: Int; var summary: String? }
     struct Node: Decodable {
         struct Peer: Decodable { var replicaID: String }
         struct Health: Decodable { var repairs: Int }
@@ -176,7 +176,7 @@ final class MonthRunner: @unchecked Sendable {
                 devices.allSatisfy { (status($0)?.compaction.deletedRecords ?? 1) == 0 }
             }
             if !purged {
-                let left = devices.map { "d\($0): \(status($0).map { "\($0.compaction.deletedRecords)" } ?? "?")" }
+                let left = devices.map { "d\($0): \(status($0).map { "\($0.compaction.deletedRecords) (\($0.compaction.summary ?? ""))" } ?? "?")" }
                 note("purge", "deleted records not purged within 30 s with everyone online: \(left.joined(separator: ", "))")
             }
         }
