@@ -283,47 +283,6 @@ public actor Replica {
         setStatus(.disabled)
     }
 
-    /// Polls the store for other processes' commits (every 5 ms) until cancelled, shipping
-    /// them to peers and publishing them as changes.
-    public func watchOtherProcesses() async {
-        do {
-            for try await change in store.externalChanges() {
-                if let delta = change.delta {
-                    await replicator?.broadcast(delta)
-                    publish(ReplicaChange(origin: .otherProcess, records: Set(delta.allRecords.map(\.0))))
-                } else {
-                    await replicator?.resyncAll()
-                    publish(ReplicaChange(origin: .otherProcess, records: []))
-                }
-            }
-        } catch {
-            logger.error("cannot read the store", metadata: ["error": "\(error)"])
-            setStatus(.error(.storage("\(error)")))
-        }
-    }
-
-    /// Drops what a removed device wrote past its cutoff and reached this replica before it
-    /// learned of the removal (members that knew refused it on receipt), so every member ends
-    /// with the same data. The dots stay in the context: those writes are never offered again.
-    func purgeRefusedWrites(_ roster: Roster) {
-        guard roster.devices.values.contains(where: { !$0.isActive }) || !roster.banned.isEmpty else { return }
-        do {
-            let purged = try store.replaceRecords(reason: "writes of removed devices") { state in
-                guard let stripped = state.records.strippingRefused(by: roster) else { return [:] }
-                let kept = Dictionary(uniqueKeysWithValues: stripped.delta.allRecords.map { ($0.0, $0.1) })
-                var replacements: [RecordKey: RecordState?] = [:]
-                for (key, record) in state.records.allRecords where kept[key] != record { replacements[key] = kept[key] }
-                return replacements
-            }
-            if purged > 0 {
-                logger.info("dropped writes a removed device made past its cutoff", metadata: ["records": "\(purged)"])
-                publish(ReplicaChange(origin: .local, records: []))
-            }
-        } catch {
-            logger.error("cannot drop a removed device's writes", metadata: ["error": "\(error)"])
-        }
-    }
-
     private func follow(_ events: AsyncStream<NodeEvent>) async {
         for await event in events {
             switch event {

@@ -24,16 +24,24 @@ struct TimeTravelTests {
         }
     }
 
+    /// a in `dirA` listening, b in `dirB` dialing it (held only by the caller's `b`, which
+    /// releases it to put a backup back).
+    func pair(_ dirA: String, _ dirB: String, _ lines: RecordingLogHandler.Lines, b: inout Replica?) async throws -> (Replica, UInt16) {
+        let a = try open(dirA, "a", lines)
+        b = try open(dirB, "b", lines)
+        let portA = try await sync(a)
+        _ = try await sync(b!, peers: [portA])
+        return (a, portA)
+    }
+
     @Test("a member put back from a backup older than a delete and its purge: the record stays deleted, no repair",
           arguments: [false, true])
     func restoredMemberDoesNotResurrect(inPlace: Bool) async throws {
         let (dirA, dirB, saved) = try (makeTemporaryDirectory("tt-a"), makeTemporaryDirectory("tt-b"), makeTemporaryDirectory("tt-backup"))
         defer { [dirA, dirB, saved].forEach(removeTemporaryDirectory) }
         let lines = RecordingLogHandler.Lines()
-        let a = try open(dirA, "a", lines)
-        var b: Replica? = try open(dirB, "b", lines)
-        let portA = try await sync(a)
-        _ = try await sync(b!, peers: [portA])
+        var b: Replica?
+        let (a, portA) = try await pair(dirA, dirB, lines, b: &b)
         let x = Location(name: "X")
         try await a.save(x)
         try await a.save(Location(name: "Y"))
@@ -64,10 +72,8 @@ struct TimeTravelTests {
         let (dirA, dirB, saved) = try (makeTemporaryDirectory("tt2-a"), makeTemporaryDirectory("tt2-b"), makeTemporaryDirectory("tt2-backup"))
         defer { [dirA, dirB, saved].forEach(removeTemporaryDirectory) }
         let lines = RecordingLogHandler.Lines()
-        let a = try open(dirA, "a", lines)
-        var b: Replica? = try open(dirB, "b", lines)
-        let portA = try await sync(a)
-        _ = try await sync(b!, peers: [portA])
+        var b: Replica?
+        let (a, portA) = try await pair(dirA, dirB, lines, b: &b)
         try await a.save(Location(name: "shared"))
         #expect(await eventually { (try? names(b!)) == ["shared"] })
         await close(&b)
