@@ -4,6 +4,8 @@ import PackageDescription
 // Layers (imports point down only):
 //   peersync (CLI), Examples, Benchmarks
 //   PeerSync          — the engine apps import
+//   PeerSyncNetwork   — TCP, TLS, NIO (the only library code that imports NIO)
+//   PeerSyncReplication — the pure replication core and the replicator (any transport, no NIO)
 //   PeerSyncStore     — durable replica store (SQLite via GRDB)
 //   PeerSyncModel     — typed records, collections, settings, conflict log
 //   PeerSyncCRDT      — value-type CRDTs: clocks, dots, causal context, registers, sets, record map
@@ -58,10 +60,21 @@ let package = Package(
                 .product(name: "SwiftASN1", package: "swift-asn1"),
             ]
         ),
+        // Replication: the pure core (sessions as state machines) and the replicator that runs it
+        // over any transport. No NIO here: a transport is bytes in, bytes out.
         .target(
-            name: "PeerSyncSession",
+            name: "PeerSyncReplication",
             dependencies: [
                 "PeerSyncCRDT", "PeerSyncModel", "PeerSyncWire", "PeerSyncIdentity",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // Networking: TCP, TLS and NIO — the only library code that imports NIO.
+        .target(
+            name: "PeerSyncNetwork",
+            dependencies: [
+                "PeerSyncCRDT", "PeerSyncWire", "PeerSyncIdentity", "PeerSyncReplication",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOTLS", package: "swift-nio"),
@@ -72,7 +85,7 @@ let package = Package(
         ),
         .target(
             name: "PeerSync",
-            dependencies: ["PeerSyncCRDT", "PeerSyncModel", "PeerSyncStore", "PeerSyncWire", "PeerSyncSession", "PeerSyncDiscovery",
+            dependencies: ["PeerSyncCRDT", "PeerSyncModel", "PeerSyncStore", "PeerSyncWire", "PeerSyncReplication", "PeerSyncNetwork", "PeerSyncDiscovery",
                            "PeerSyncIdentity",
                            .product(name: "Logging", package: "swift-log")]
         ),
@@ -115,7 +128,7 @@ let package = Package(
         .testTarget(
             name: "PeerSyncSessionTests",
             dependencies: [
-                "PeerSync", "PeerSyncSession", "PeerSyncWire", "PeerSyncStore", "PeerSyncTestSupport", "PeerSyncIdentity",
+                "PeerSync", "PeerSyncReplication", "PeerSyncNetwork", "PeerSyncWire", "PeerSyncStore", "PeerSyncTestSupport", "PeerSyncIdentity",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOTestUtils", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
@@ -148,7 +161,7 @@ let package = Package(
         // docs/vectors: every vector file checked against the code (PEERSYNC_WRITE_VECTORS=1 rewrites them).
         .testTarget(
             name: "PeerSyncVectorTests",
-            dependencies: ["PeerSyncWire", "PeerSyncCRDT", "PeerSyncIdentity", "PeerSyncSession", "PeerSyncDiscovery",
+            dependencies: ["PeerSyncWire", "PeerSyncCRDT", "PeerSyncIdentity", "PeerSyncReplication", "PeerSyncNetwork", "PeerSyncDiscovery",
                            .product(name: "Crypto", package: "swift-crypto")]
         ),
         .testTarget(

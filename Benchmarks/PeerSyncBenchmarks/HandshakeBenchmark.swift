@@ -143,7 +143,7 @@ enum HandshakeBenchmark {
         return (handshakes.sorted()[middle], echoes.sorted()[middle], sortedBytes.0 + sortedBytes.1, sortedBytes.0, sortedBytes.1)
     }
 
-    /// TLS 1.2 ECDHE-PSK as protocol-1 sessions configured it (Sources/PeerSyncSession/TLSSetup.swift).
+    /// TLS 1.2 ECDHE-PSK as protocol-1 sessions configured it (Sources/PeerSyncNetwork/TLSSetup.swift).
     static func pskContexts() throws -> (client: NIOSSLContext, server: NIOSSLContext) {
         let key = (0..<32).map { UInt8($0) }
         let identity = "peersync/0123456789abcdef"

@@ -3,7 +3,8 @@ import Logging
 import PeerSyncCRDT
 import PeerSyncIdentity
 import PeerSyncModel
-import PeerSyncSession
+import PeerSyncReplication
+import PeerSyncNetwork
 import PeerSyncStore
 
 /// Several devices of one new group made in one process, admitted by its creator directly

@@ -4,7 +4,8 @@
 @_exported import PeerSyncCRDT
 @_exported import PeerSyncModel
 @_exported import PeerSyncStore
-@_exported import PeerSyncSession
+@_exported import PeerSyncReplication
+@_exported import PeerSyncNetwork
 @_exported import PeerSyncIdentity
 
 /// The PeerSync toolkit: replicate app data between devices on a LAN, with no server.

@@ -1,6 +1,7 @@
 import PeerSyncCRDT
 import PeerSyncIdentity
-import PeerSyncSession
+import PeerSyncReplication
+import PeerSyncNetwork
 import PeerSyncStore
 
 /// Sync bundles: a replica's changes carried on a file between devices that never meet.

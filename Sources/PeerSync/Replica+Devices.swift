@@ -3,7 +3,8 @@ import Logging
 import PeerSyncCRDT
 import PeerSyncIdentity
 import PeerSyncModel
-import PeerSyncSession
+import PeerSyncReplication
+import PeerSyncNetwork
 import PeerSyncStore
 
 /// Why a device operation was refused. Nothing was written.

@@ -1,4 +1,5 @@
-import PeerSyncSession
+import PeerSyncReplication
+import PeerSyncNetwork
 
 /// How sync copes, beyond ``SyncStatus``: the convergence watchdog's repairs and what the
 /// node's limits (``SyncLimits``) refused. Counts start at zero with each ``Replica/startSync(_:)``.

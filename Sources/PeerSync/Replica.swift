@@ -4,7 +4,8 @@ import PeerSyncCRDT
 import PeerSyncDiscovery
 import PeerSyncIdentity
 import PeerSyncModel
-import PeerSyncSession
+import PeerSyncReplication
+import PeerSyncNetwork
 import PeerSyncStore
 import PeerSyncWire
 import Synchronization

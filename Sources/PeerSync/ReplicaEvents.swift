@@ -1,5 +1,6 @@
 import PeerSyncCRDT
-import PeerSyncSession
+import PeerSyncReplication
+import PeerSyncNetwork
 
 // What a replica reports to an app: its changes, its sync status and what stops it syncing.
 

@@ -2,7 +2,8 @@ import Foundation
 import Observation
 import PeerSyncCRDT
 import PeerSyncModel
-import PeerSyncSession
+import PeerSyncReplication
+import PeerSyncNetwork
 import Synchronization
 
 /// What a SwiftUI view shows of a replica, kept current: the records of one type (filtered and

@@ -2,7 +2,8 @@ import Foundation
 import PeerSyncCRDT
 import PeerSyncIdentity
 import PeerSyncModel
-import PeerSyncSession
+import PeerSyncReplication
+import PeerSyncNetwork
 import PeerSyncStore
 
 /// Lets sync (``Replicator``) read and write a ``ReplicaStore``: remote deltas commit in one

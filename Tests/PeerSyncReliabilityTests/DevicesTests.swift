@@ -3,7 +3,8 @@ import Logging
 import NIOCore
 import NIOPosix
 import PeerSync
-@testable import PeerSyncSession
+@testable import PeerSyncReplication
+@testable import PeerSyncNetwork
 import PeerSyncTestSupport
 import PeerSyncWire
 import Testing

@@ -4,7 +4,8 @@ import NIOCore
 import NIOPosix
 import NIOSSL
 import PeerSync
-@testable import PeerSyncSession
+@testable import PeerSyncReplication
+@testable import PeerSyncNetwork
 import PeerSyncTestSupport
 import PeerSyncWire
 import Synchronization

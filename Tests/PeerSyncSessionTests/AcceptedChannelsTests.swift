@@ -1,6 +1,7 @@
 import NIOCore
 import NIOEmbedded
-@testable import PeerSyncSession
+@testable import PeerSyncReplication
+@testable import PeerSyncNetwork
 import Testing
 
 /// Accepted connections are kept from NIO's child initializer until the accept loop takes them,

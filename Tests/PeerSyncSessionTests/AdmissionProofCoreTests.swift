@@ -1,6 +1,7 @@
 import Foundation
 import PeerSync
-@testable import PeerSyncSession
+@testable import PeerSyncReplication
+@testable import PeerSyncNetwork
 import PeerSyncTestSupport
 @testable import PeerSyncWire
 import Testing

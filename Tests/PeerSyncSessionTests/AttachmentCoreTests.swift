@@ -1,7 +1,8 @@
 import Foundation
 import PeerSync
 import PeerSyncModel
-@testable import PeerSyncSession
+@testable import PeerSyncReplication
+@testable import PeerSyncNetwork
 import PeerSyncTestSupport
 @testable import PeerSyncWire
 import Testing

@@ -4,7 +4,8 @@ import NIOPosix
 import NIOSSL
 import NIOTLS
 import PeerSyncIdentity
-@testable import PeerSyncSession
+@testable import PeerSyncReplication
+@testable import PeerSyncNetwork
 import PeerSyncTestSupport
 import Synchronization
 import Testing

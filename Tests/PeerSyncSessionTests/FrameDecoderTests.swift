@@ -1,7 +1,8 @@
 import NIOCore
 import NIOEmbedded
 import NIOTestUtils
-@testable import PeerSyncSession
+@testable import PeerSyncReplication
+@testable import PeerSyncNetwork
 import PeerSyncCRDT
 import PeerSyncWire
 import Testing

@@ -3,7 +3,8 @@ import NIOCore
 import NIOPosix
 import NIOSSL
 import PeerSync
-@testable import PeerSyncSession
+@testable import PeerSyncReplication
+@testable import PeerSyncNetwork
 import PeerSyncTestSupport
 @testable import PeerSyncWire
 import Testing

@@ -1,6 +1,7 @@
 import Foundation
 import PeerSyncCRDT
-@testable import PeerSyncSession
+@testable import PeerSyncReplication
+@testable import PeerSyncNetwork
 import PeerSyncIdentity
 import PeerSyncWire
 import Testing

@@ -3,7 +3,8 @@ import Logging
 import NIOCore
 import NIOPosix
 @testable import PeerSync
-@testable import PeerSyncSession
+@testable import PeerSyncReplication
+@testable import PeerSyncNetwork
 import PeerSyncTestSupport
 import Testing
 

@@ -1,6 +1,7 @@
 import PeerSyncCRDT
 import PeerSyncIdentity
-@testable import PeerSyncSession
+@testable import PeerSyncReplication
+@testable import PeerSyncNetwork
 import PeerSyncTestSupport
 @testable import PeerSyncWire
 import Testing

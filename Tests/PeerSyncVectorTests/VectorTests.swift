@@ -3,7 +3,8 @@ import Foundation
 import PeerSyncCRDT
 @testable import PeerSyncDiscovery
 @testable import PeerSyncIdentity
-@testable import PeerSyncSession
+@testable import PeerSyncReplication
+@testable import PeerSyncNetwork
 @testable import PeerSyncWire
 import Testing
 

@@ -1,3 +1,4 @@
+import PeerSyncReplication
 import Logging
 import NIOCore
 import NIOPosix

@@ -88,7 +88,7 @@ public struct GroupSecret: Sendable, Equatable {
     }
 
     /// 32-byte key for TLS-PSK.
-    var preSharedKey: [UInt8] { derive("tls psk", count: 32) }
+    package var preSharedKey: [UInt8] { derive("tls psk", count: 32) }
 
     /// An opaque tag that lets members find each other in DNS-SD; 16 hex digits.
     public var groupTag: String {

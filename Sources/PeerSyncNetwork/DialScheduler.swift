@@ -1,3 +1,4 @@
+import PeerSyncReplication
 import PeerSyncCRDT
 import PeerSyncIdentity
 import PeerSyncWire

@@ -76,7 +76,7 @@ public actor Replicator {
     /// What the node does. Each call makes a new subscriber.
     public nonisolated func events() -> AsyncStream<NodeEvent> { subscribers.subscribe() }
 
-    nonisolated func emit(_ event: NodeEvent) { subscribers.yield(event) }
+    package nonisolated func emit(_ event: NodeEvent) { subscribers.yield(event) }
 
     private nonisolated func finishEvents() { subscribers.finish() }
 
@@ -85,7 +85,7 @@ public actor Replicator {
     /// Opens a session on a connected transport. `close` cuts the transport; `counters` reads its
     /// byte counters (TLS included) if it has them; `established` is called once if the session
     /// is established. Returns the session and the signal its writer waits on.
-    func openSession(
+    package func openSession(
         _ origin: SessionOrigin, close: @escaping @Sendable () -> Void,
         counters: (@Sendable () -> (read: Int, written: Int))? = nil, established: (@Sendable () -> Void)? = nil
     ) -> (SessionID, OutputSignal) {
@@ -100,7 +100,7 @@ public actor Replicator {
 
     /// Frames from the peer of session `id` that arrived together, in order: each is carried
     /// out as it comes, and a commit starts after the last (what they queued shares it).
-    func receive(_ id: SessionID, frames: [(type: UInt8, body: [UInt8])]) {
+    package func receive(_ id: SessionID, frames: [(type: UInt8, body: [UInt8])]) {
         guard !frames.isEmpty else { return }
         for frame in frames {
             perform(core.receive(id, type: frame.type, body: frame.body, now: .now, wallClock: configuration.wallClock(),
@@ -110,7 +110,7 @@ public actor Replicator {
     }
 
     /// The session's inbound bytes broke framing (over the limit, bad length).
-    func frameError(_ id: SessionID, _ error: WireError) {
+    package func frameError(_ id: SessionID, _ error: WireError) {
         perform(core.frameError(id, error, now: .now))
     }
 
@@ -122,7 +122,7 @@ public actor Replicator {
     /// The transport of session `id` is gone. Returns why the session ended (the core's reason
     /// if it closed it, else `reason`) and whether it was established; nil if it had ended before.
     @discardableResult
-    func transportEnded(_ id: SessionID, reason: SessionEndReason) -> (reason: SessionEndReason, established: Bool)? {
+    package func transportEnded(_ id: SessionID, reason: SessionEndReason) -> (reason: SessionEndReason, established: Bool)? {
         guard let transport = transports.removeValue(forKey: id) else { return nil }
         let ending = (reason: core.session(id)?.endReason ?? reason, established: core.session(id)?.announced ?? false)
         if let session = core.session(id) {
@@ -144,7 +144,7 @@ public actor Replicator {
     }
 
     /// The next bytes to write for session `id`, up to about `budget` (nil: nothing now).
-    func nextBatch(_ id: SessionID, budget: Int = 64 << 10) -> OutboundBatch? {
+    package func nextBatch(_ id: SessionID, budget: Int = 64 << 10) -> OutboundBatch? {
         let storage = self.storage
         let (batch, actions) = core.nextBatch(id, budget: budget, now: .now, state: storage.snapshot(),
                                               gossip: { storage.seenReports() })
@@ -153,10 +153,10 @@ public actor Replicator {
     }
 
     /// The replica at the other end of session `id`, once its hello arrived.
-    func peerReplica(of id: SessionID) -> ReplicaID? { core.session(id)?.peer?.replicaID }
+    package func peerReplica(of id: SessionID) -> ReplicaID? { core.session(id)?.peer?.replicaID }
 
     /// The device at the other end of session `id`, once its hello's key was checked.
-    func peerDevice(of id: SessionID) -> DeviceID? { core.session(id)?.peerKey?.deviceID }
+    package func peerDevice(of id: SessionID) -> DeviceID? { core.session(id)?.peerKey?.deviceID }
 
     // MARK: - Local changes
 

@@ -4,7 +4,7 @@ import PeerSyncModel
 import PeerSyncWire
 
 /// A point on the monotonic clock; every liveness and keepalive decision uses it.
-typealias MonotonicInstant = ContinuousClock.Instant
+package typealias MonotonicInstant = ContinuousClock.Instant
 
 /// One session as the replication core sees it: the inbound rules (``SessionStateMachine``),
 /// what the peer is known to have, timers, and what remains to be sent. A value type with no

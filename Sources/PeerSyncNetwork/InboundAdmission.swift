@@ -1,3 +1,4 @@
+import PeerSyncReplication
 /// Which inbound TCP connections a node takes, with no sockets and no clock: at most
 /// ``SyncLimits/inboundConnections`` open at once, and at most
 /// ``SyncLimits/inboundConnectionsPerAddress`` from one remote IP address.

@@ -2,10 +2,10 @@ import Synchronization
 
 /// Wakes a session's writer when there is output. A signal sent while nobody waits is kept
 /// (the next wait returns at once), so no wake-up is lost between "nothing to send" and "wait".
-final class OutputSignal: Sendable {
+package final class OutputSignal: Sendable {
     private let state = Mutex<(pending: Bool, finished: Bool, waiter: CheckedContinuation<Bool, Never>?)>((false, false, nil))
 
-    func signal() {
+    package func signal() {
         let waiter = state.withLock { s -> CheckedContinuation<Bool, Never>? in
             guard let waiter = s.waiter else {
                 s.pending = true
@@ -17,7 +17,7 @@ final class OutputSignal: Sendable {
         waiter?.resume(returning: true)
     }
 
-    func finish() {
+    package func finish() {
         let waiter = state.withLock { s -> CheckedContinuation<Bool, Never>? in
             s.finished = true
             defer { s.waiter = nil }
@@ -27,7 +27,7 @@ final class OutputSignal: Sendable {
     }
 
     /// Waits for a signal; false once finished (the session is gone).
-    func wait() async -> Bool {
+    package func wait() async -> Bool {
         await withCheckedContinuation { continuation in
             let immediate: Bool? = state.withLock { s in
                 if s.pending {

@@ -1,4 +1,5 @@
 import PeerSyncCRDT
+import PeerSyncModel
 
 /// Decides which attachment bytes to fetch, from which peer, in which ranges: lazily (only
 /// attachments a live record references and whose bytes are missing here), resumably (from the

@@ -1,3 +1,4 @@
+import PeerSyncReplication
 import NIOCore
 import NIOSSL
 import PeerSyncWire

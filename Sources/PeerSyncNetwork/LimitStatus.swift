@@ -1,3 +1,4 @@
+import PeerSyncReplication
 /// What a node's limits (``SyncLimits``) have refused so far, and its dialing now.
 public struct LimitStatus: Sendable, Equatable, Codable {
     /// Inbound connections closed on arrival because the node had
