@@ -113,8 +113,7 @@ enum ConvergenceBenchmarks {
                     let version = Int64(1_000_000 + i)
                     if let delta = try a.store.write({ $0.upsert([durationField: .int(version)], to: key) }) {
                         tracker.committed(key, version: version, at: ContinuousClock.now)
-                        await a.node.broadcast(delta)
-                        deltas.append(delta)
+                        deltas.append(delta)  // the node ships it: it follows the store's commit feed
                     }
                     if (i + 1) % step == 0 {
                         // Cumulative bytes once B has seen every update so far (a short pause in the stream).
@@ -376,8 +375,7 @@ enum ConvergenceBenchmarks {
                                         for (j, tracker) in trackers.enumerated() where j != i {
                                             tracker.committed(key, version: 0, at: now)
                                         }
-                                        framed.withLock { $0.append(framedDeltaBytes(delta)) }
-                                        await peer.node.broadcast(delta)
+                                        framed.withLock { $0.append(framedDeltaBytes(delta)) }  // the node ships it
                                     }
                                     await Task.yield()
                                 }

@@ -75,9 +75,8 @@ enum SyncBenchmarks {
         for i in 0..<edits {
             let key = RecordKey(collection: ShiftType.collection, id: keys.randomElement(using: &rng)!)
             let start = ContinuousClock.now
-            if let delta = try a.store.write({ $0.upsert(["duration": .int(Int64(20_000 + i))], to: key) }) {
-                await a.node.broadcast(delta)
-            }
+            // The node ships every commit to the store (it follows the commit feed).
+            try a.store.write { $0.upsert(["duration": .int(Int64(20_000 + i))], to: key) }
             waiting: while let event = await iterator.next() {
                 if case .remoteChange(let outcome, _) = event, outcome.changedRecords.contains(key) { break waiting }
             }

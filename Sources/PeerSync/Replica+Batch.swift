@@ -115,7 +115,7 @@ extension Replica {
             result = value
             return delta
         }
-        if let delta { await shipCommitted(delta) }
+        if delta != nil { scheduleCompaction() }  // it reaches peers through the commit feed
         return result!
     }
 }

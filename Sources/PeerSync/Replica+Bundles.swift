@@ -62,11 +62,9 @@ extension Replica {
             throw BundleError.refused("it holds writes by replica \(replica.shortDescription), which no device of the group claims")
         }
         let admitted = delta.strippingRefused(by: validation.roster)?.delta ?? delta
-        let outcome = try store.applyRemote(admitted, from: "bundle:\(header.sender.deviceID.shortForm)")
-        if !outcome.isEmpty {
-            await replicator?.broadcast(admitted)
-            publish(ReplicaChange(origin: .peer(name: header.senderName, replicaID: header.senderReplica), records: outcome.changedRecords))
-        }
+        // An import: the commit feed tells the app and ships it to peers like any local commit.
+        let outcome = try store.applyRemote([admitted], from: "bundle:\(header.sender.deviceID.shortForm)",
+                                            origins: [.peer(name: header.senderName, replicaID: header.senderReplica)])
         if pendingJoin != nil, self.roster().isActive(deviceID) {
             pendingJoin = nil  // joined through the bundle: the inviter's roster admits this device
             try store.setMembership(GroupMembership(groupID: groupID.bytes))

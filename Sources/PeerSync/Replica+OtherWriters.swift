@@ -13,19 +13,12 @@ import Synchronization
 /// Writes that reach the store other than through this replica's own API: other processes'
 /// commits, and a removed device's writes that must go again once its removal is known.
 extension Replica {
-    /// Polls the store for other processes' commits (every 5 ms) until cancelled, shipping
-    /// them to peers and publishing them as changes.
+    /// Polls the store for other processes' commits (every 5 ms) until cancelled. What it
+    /// joins goes out through the store's commit feed, like every commit: to peers (by the
+    /// replicator) and to ``changes()``.
     public func watchOtherProcesses() async {
         do {
-            for try await change in store.externalChanges() {
-                if let delta = change.delta {
-                    await replicator?.broadcast(delta)
-                    publish(ReplicaChange(origin: .otherProcess, records: Set(delta.allRecords.map(\.0))))
-                } else {
-                    await replicator?.resyncAll()
-                    publish(ReplicaChange(origin: .otherProcess, records: []))
-                }
-            }
+            for try await _ in store.externalChanges() {}
         } catch {
             logger.error("cannot read the store", metadata: ["error": "\(error)"])
             setStatus(.error(.storage("\(error)")))
@@ -47,7 +40,6 @@ extension Replica {
             }
             if purged > 0 {
                 logger.info("dropped writes a removed device made past its cutoff", metadata: ["records": "\(purged)"])
-                publish(ReplicaChange(origin: .local, records: []))
             }
         } catch {
             logger.error("cannot drop a removed device's writes", metadata: ["error": "\(error)"])

@@ -47,7 +47,6 @@ public actor Replica {
     var divergences: [ReplicaID: SyncHealth.Divergence] = [:]
     nonisolated let healthSubscribers = Broadcaster<SyncHealth>()
     private var peerNames: [ReplicaID: String] = [:]
-    private nonisolated let changeSubscribers = Broadcaster<ReplicaChange>()
     private nonisolated let statusSubscribers = Broadcaster<SyncStatus>()
     /// Live observations, peer names and attachments (Replica+Observation.swift and neighbours).
     nonisolated let appSupport = AppSupport()
@@ -105,7 +104,8 @@ public actor Replica {
     // MARK: - Writing
 
     /// Saves `record` (creating or updating it; only changed fields are written). Returns once
-    /// committed to disk; peers receive it at once if sync is on.
+    /// committed to disk; peers receive it at once if sync is on (every commit reaches them
+    /// the same way: the replicator follows the store's commit feed).
     public func save<R: SyncRecord>(_ record: R) async throws {
         try await commit { try $0.save(record) }
     }
@@ -126,28 +126,21 @@ public actor Replica {
         try await commit { $0.setSetting(key, to: value, scope: scope) }
     }
 
-    /// Runs any change as one transaction and ships its delta.
+    /// Runs any change as one transaction. Like every commit to the store, it reaches peers
+    /// and ``changes()`` through the store's commit feed.
     public func commit(_ body: (inout ReplicaState) throws -> RecordMap?) async throws {
-        guard let delta = try store.write(body) else { return }
-        await replicator?.broadcast(delta)
-        publish(ReplicaChange(origin: .local, records: Set(delta.allRecords.map(\.0))))
-        scheduleCompaction()
-    }
-
-    /// Ships a delta already committed to the store by this process (a ``batch(_:)``
-    /// made on the caller's actor) and publishes it as a local change.
-    func shipCommitted(_ delta: RecordMap) async {
-        await node?.broadcast(delta)
-        publish(ReplicaChange(origin: .local, records: Set(delta.allRecords.map(\.0))))
+        guard try store.write(body) != nil else { return }
         scheduleCompaction()
     }
 
     // MARK: - Observing
 
     /// Changes as they are committed: local, from peers, and from other processes (while sync
-    /// is on, or ``watchOtherProcesses()`` runs). Each call makes a new subscriber.
-    public nonisolated func changes() -> AsyncStream<ReplicaChange> {
-        changeSubscribers.subscribe()
+    /// is on, or ``watchOtherProcesses()`` runs). Each call makes a new subscriber that sees
+    /// every change committed after the call. Lossless: a reader that falls behind gets what
+    /// changed meanwhile coalesced — one change per origin naming every record — never less.
+    public nonisolated func changes() -> ReplicaChanges {
+        ReplicaChanges(store.commits.subscribe(CommitInterest(collections: nil, origins: true)))
     }
 
     /// The sync status now and whenever it changes.
@@ -160,10 +153,6 @@ public actor Replica {
     public var currentStatus: SyncStatus { status }
 
     private func republishStatus() { setStatus(status, force: true) }
-
-    nonisolated func publish(_ change: ReplicaChange) {
-        changeSubscribers.yield(change)
-    }
 
     func setStatus(_ new: SyncStatus, force: Bool = false) {
         let new = removalNoted.map { new == .disabled ? new : .error(.removedFromGroup($0)) } ?? new
@@ -192,7 +181,7 @@ public actor Replica {
         self.replicator = replicator
         noteRemoval(in: roster())
         setStatus(.connecting)
-        tasks.append(Task { await self.follow(replicator.events()) })
+        tasks.append(Task { await self.follow(replicator.controlEvents()) })
         tasks.append(Task { await self.watchOtherProcesses() })
         // What the stored reports already allow: a process killed between receiving the last
         // report and its compaction step would otherwise wait for the next commit or report,
@@ -370,13 +359,8 @@ public actor Replica {
                 purgeRefusedWrites(roster)
             case .gossipReceived:
                 scheduleCompaction()
-            case .localChange(let delta):
-                publish(ReplicaChange(origin: .local, records: Set(delta.allRecords.map(\.0))))
-            case .purgedElsewhere(let keys):
-                // Deleted by the group while this store was in the past (a restore): gone here too.
-                publish(ReplicaChange(origin: .local, records: Set(keys)))
-            case .remoteChange(let outcome, let info):
-                publish(ReplicaChange(origin: .peer(name: info.name, replicaID: info.replicaID), records: outcome.changedRecords))
+            case .remoteChange:
+                // The change itself reaches the app through the store's commit feed.
                 scheduleCompaction()
                 if case .inSync = status { setStatus(.syncing(progress: nil)) }
             }

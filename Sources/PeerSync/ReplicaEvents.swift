@@ -4,21 +4,66 @@ import PeerSyncNetwork
 
 // What a replica reports to an app: its changes, its sync status and what stops it syncing.
 
-/// A change to a replica's records, wherever it came from.
-public struct ReplicaChange: Sendable {
-    public enum Origin: Sendable, Equatable {
-        /// Made through this `Replica`.
-        case local
-        /// Received from a peer.
-        case peer(name: String, replicaID: ReplicaID)
-        /// Committed by another process on the same store (e.g. the `peersync` command).
-        case otherProcess
-    }
+/// A change to a replica's records, wherever it came from (``Replica/changes()``).
+public struct ReplicaChange: Sendable, Equatable {
+    /// Where a change came from.
+    public typealias Origin = ChangeOrigin
 
     public let origin: Origin
-    /// The records that changed (empty when another process rewrote so much that the replica
-    /// reloaded: re-read everything).
+    /// The records that changed (a superset of those whose values changed; empty when so much
+    /// changed that the replica reloaded — another process's large commit, a purge: re-read
+    /// everything).
     public let records: Set<RecordKey>
+}
+
+/// The changes of a replica as they are committed (``Replica/changes()``), for `for await`.
+///
+/// It never drops a change: while the reader is busy, changes accumulate as sets of record
+/// IDs per origin (memory grows with the records changed, not with the commits), and the next
+/// call to `next()` returns them, one ``ReplicaChange`` per origin. Iterate it once.
+public struct ReplicaChanges: AsyncSequence, Sendable {
+    public typealias Element = ReplicaChange
+    public typealias Failure = Never
+    private let subscription: CommitSubscription
+
+    init(_ subscription: CommitSubscription) { self.subscription = subscription }
+
+    public func makeAsyncIterator() -> Iterator { Iterator(subscription: subscription) }
+
+    /// Waits for the next change; nil once the iterating task is cancelled.
+    public struct Iterator: AsyncIteratorProtocol {
+        let subscription: CommitSubscription
+        private var ready: [ReplicaChange] = []
+
+        init(subscription: CommitSubscription) { self.subscription = subscription }
+
+        public mutating func next() async -> ReplicaChange? {
+            // Bounded: each wait returns for a commit (or cancellation), and a commit that
+            // changed no record (device-local settings) is skipped.
+            while ready.isEmpty {
+                guard await subscription.waitForChanges() else { return nil }
+                ready = Self.changes(in: subscription.drain())
+            }
+            return ready.removeFirst()
+        }
+
+        /// One change per origin, in a fixed order (local, other processes, peers by replica).
+        static func changes(in pending: PendingChanges) -> [ReplicaChange] {
+            var changes = pending.reloadedBy.map { ReplicaChange(origin: $0, records: []) }
+            for (origin, keys) in pending.byOrigin where !pending.reloadedBy.contains(origin) && !keys.isEmpty {
+                changes.append(ReplicaChange(origin: origin, records: keys))
+            }
+            return changes.sorted { rank($0.origin) < rank($1.origin) }
+        }
+
+        private static func rank(_ origin: ChangeOrigin) -> String {
+            switch origin {
+            case .local: "0"
+            case .otherProcess: "1"
+            case .peer(let name, let replica): "2\(replica.description)\(name)"
+            }
+        }
+    }
 }
 
 /// Where sync stands, for a status line in an app.

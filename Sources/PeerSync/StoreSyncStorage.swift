@@ -8,10 +8,10 @@ import PeerSyncStore
 
 /// Lets sync (``Replicator``) read and write a ``ReplicaStore``: remote deltas commit in one
 /// transaction each; attachment bytes live in the store's ``AttachmentStore``.
-public struct StoreSyncStorage: SyncStorage {
-    public let store: ReplicaStore
+package struct StoreSyncStorage: SyncStorage {
+    package let store: ReplicaStore
     /// The attachment directory beside the store.
-    public let attachments: AttachmentStore
+    package let attachments: AttachmentStore
     /// The device key and group, to continue under a new replica ID when a report of this
     /// store's lost future arrives (nil: such a report is only logged by the node).
     let identity: (key: DeviceKey, group: GroupID)?
@@ -19,46 +19,43 @@ public struct StoreSyncStorage: SyncStorage {
     /// Turns on the store's background checkpoints: a node keeps its store open and commits
     /// often, and a commit should not wait for a checkpoint. `key` and `groupID`: this device's,
     /// for recovering from a restore that a signed report reveals (``recordSeen(_:)``).
-    public init(_ store: ReplicaStore, key: DeviceKey? = nil, groupID: GroupID? = nil) {
+    package init(_ store: ReplicaStore, key: DeviceKey? = nil, groupID: GroupID? = nil) {
         store.checkpointsInBackground = true
         self.store = store
         attachments = AttachmentStore(storeDirectory: store.directory)
         identity = key.flatMap { key in groupID.map { (key, $0) } }
     }
 
-    public func snapshot() -> ReplicaState { store.state }
+    package func snapshot() -> ReplicaState { store.state }
 
-    public func applyRemote(_ deltas: [RecordMap], from origin: String) throws -> [MergeOutcome] {
-        do {
-            return try store.applyRemoteEach(deltas, from: origin)
-        } catch .refused(_, let detail) {
-            throw SyncStorageRefusal(detail)
-        }
-    }
-
-    public func applyRemote(_ deltas: [RecordMap], from origin: String, completing rounds: [CompleteRound]) throws
+    package func applyRemote(_ deltas: [RecordMap], origins: [ChangeOrigin], journal: String, completing rounds: [CompleteRound]) throws
         -> (outcomes: [MergeOutcome], dropped: [RecordKey])
     {
         do {
-            return try store.applyRemoteEach(deltas, from: origin, completing: rounds)
+            return try store.applyRemoteEach(deltas, from: journal, origins: origins, bySync: true, completing: rounds)
         } catch .refused(_, let detail) {
             throw SyncStorageRefusal(detail)
         }
     }
 
-    public func commitLocal(_ body: (inout ReplicaState) throws -> RecordMap?) throws -> RecordMap? {
+    package func commitLocal(_ body: (inout ReplicaState) throws -> RecordMap?) throws -> RecordMap? {
         try store.write(body)
+    }
+
+    /// Follows the store's commit feed for what did not come from a peer.
+    package func followCommits() -> any CommitFollower {
+        StoreCommitFollower(store.commits.subscribe(CommitInterest(collections: nil, outgoing: true)))
     }
 
     // MARK: - Compaction gossip
 
-    public func seenReports() -> [SeenReport]? { store.seenReports() }
+    package func seenReports() -> [SeenReport]? { store.seenReports() }
 
     /// Records the reports; one signed by this store's lost future (it was put back from a
     /// backup) makes it recover at once, before anything later is stored: the writes it made
     /// since the restore move to its current replica ID — a new one if the lost future's was
     /// the current one (docs/ARCHITECTURE.md, "Restores").
-    public func recordSeen(_ reports: [SeenReport]) throws -> RecordedReports {
+    package func recordSeen(_ reports: [SeenReport]) throws -> RecordedReports {
         var recorded = try store.recordSeen(reports)
         guard !recorded.fromLostFuture.isEmpty, let identity else { return recorded }
         var newest: [ReplicaID: SeenReport] = [:]
@@ -74,41 +71,65 @@ public struct StoreSyncStorage: SyncStorage {
         return recorded
     }
 
-    public func saveOwnReport(_ report: SeenReport) throws { try store.saveOwnReport(report) }
+    package func saveOwnReport(_ report: SeenReport) throws { try store.saveOwnReport(report) }
 
     // MARK: - Attachments
 
-    public var storesAttachments: Bool { true }
+    package var storesAttachments: Bool { true }
 
     /// The synced setting ``SettingKey/attachmentMaxBytes`` (``Replica/defaultAttachmentMaxBytes`` when unset).
-    public func attachmentMaxBytes(in state: ReplicaState) -> Int64 {
+    package func attachmentMaxBytes(in state: ReplicaState) -> Int64 {
         if case .int(let bytes)? = state.setting(SettingKey.attachmentMaxBytes, scope: .synced), bytes > 0 { return bytes }
         return Replica.defaultAttachmentMaxBytes
     }
 
-    public func attachmentPresence(_ hash: AttachmentHash) -> AttachmentPresence {
+    package func attachmentPresence(_ hash: AttachmentHash) -> AttachmentPresence {
         attachments.contains(hash) ? .stored : .partial(bytes: attachments.partialSize(of: hash) ?? 0)
     }
 
-    public func readAttachment(_ hash: AttachmentHash, offset: Int64, length: Int) throws -> (bytes: [UInt8], total: Int64)? {
+    package func readAttachment(_ hash: AttachmentHash, offset: Int64, length: Int) throws -> (bytes: [UInt8], total: Int64)? {
         guard let total = attachments.size(of: hash), offset >= 0, offset < total || total == 0,
               let data = try attachments.read(hash, offset: offset, length: length) else { return nil }
         return (Array(data), total)
     }
 
-    public func writeAttachmentPartial(_ hash: AttachmentHash, offset: Int64, bytes: [UInt8]) throws {
+    package func writeAttachmentPartial(_ hash: AttachmentHash, offset: Int64, bytes: [UInt8]) throws {
         try attachments.writePartial(hash, offset: offset, bytes: bytes)
     }
 
-    public func verifyAttachmentPartial(_ hash: AttachmentHash) throws -> Bool {
+    package func verifyAttachmentPartial(_ hash: AttachmentHash) throws -> Bool {
         try attachments.verifyPartial(hash)
     }
 
-    public func promoteAttachmentPartial(_ hash: AttachmentHash) throws {
+    package func promoteAttachmentPartial(_ hash: AttachmentHash) throws {
         try attachments.promotePartial(hash)
     }
 
-    public func discardAttachmentPartial(_ hash: AttachmentHash) {
+    package func discardAttachmentPartial(_ hash: AttachmentHash) {
         attachments.discardPartial(hash)
     }
+}
+
+/// The replicator's view of a store's commit feed: the deltas to ship, joined while it is busy.
+private final class StoreCommitFollower: CommitFollower {
+    private let subscription: CommitSubscription
+
+    init(_ subscription: CommitSubscription) { self.subscription = subscription }
+
+    func next() async -> OutgoingCommits? {
+        // Bounded by the feed: each wait returns for a commit, and one with nothing to ship
+        // (from a peer, or device-local) is skipped.
+        while await subscription.waitForChanges() {
+            if let commits = takePending() { return commits }
+        }
+        return nil
+    }
+
+    func takePending() -> OutgoingCommits? {
+        let pending = subscription.drain()
+        guard pending.outgoing != nil || pending.resync else { return nil }
+        return OutgoingCommits(delta: pending.outgoing, resync: pending.resync)
+    }
+
+    func cancel() { subscription.cancel() }
 }

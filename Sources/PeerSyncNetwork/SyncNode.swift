@@ -59,7 +59,7 @@ public actor SyncNode {
     }
 
     /// A node with its own replicator over `storage`.
-    public init(storage: any SyncStorage, replicaID: ReplicaID, name: String, identity: LocalIdentity,
+    package init(storage: any SyncStorage, replicaID: ReplicaID, name: String, identity: LocalIdentity,
                 configuration: SyncConfiguration, logger: Logger) throws {
         try self.init(replicator: Replicator(storage: storage, replicaID: replicaID, name: name, identity: identity,
                                              configuration: configuration, logger: logger), logger: logger)
@@ -67,9 +67,6 @@ public actor SyncNode {
 
     /// What the node does (connections, catch-up progress, convergence, remote changes).
     public nonisolated func events() -> AsyncStream<NodeEvent> { replicator.events() }
-
-    /// Ships a committed local delta to every connected peer.
-    public func broadcast(_ delta: RecordMap) async { await replicator.broadcast(delta) }
 
     /// The peers with an established session.
     public func peers() async -> [PeerStatus] { await replicator.peers() }

@@ -10,8 +10,10 @@ package final class Broadcaster<T: Sendable>: Sendable {
     package init(buffer: Int = 1_000) { self.buffer = buffer }
 
     /// A new subscriber; it ends when the consumer stops iterating or ``finish()`` is called.
-    package func subscribe() -> AsyncStream<T> {
-        let (stream, continuation) = AsyncStream<T>.makeStream(bufferingPolicy: .bufferingNewest(buffer))
+    /// `lossless`: keeps everything its reader has not taken (for events a reader must act on;
+    /// their rate must be bounded by their sender).
+    package func subscribe(lossless: Bool = false) -> AsyncStream<T> {
+        let (stream, continuation) = AsyncStream<T>.makeStream(bufferingPolicy: lossless ? .unbounded : .bufferingNewest(buffer))
         let id = subscribers.withLock { s in
             defer { s.next += 1 }
             s.continuations[s.next] = continuation

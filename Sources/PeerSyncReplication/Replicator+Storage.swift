@@ -14,12 +14,9 @@ extension Replicator {
     func admit(_ id: SessionID, _ device: DeviceID, _ entries: [RosterEntry]) {
         do {
             let (identity, skew) = (self.identity, maxSkewMilliseconds)
-            let delta = try storage.commitLocal { state in
+            // A local commit: it reaches every peer through the commit feed.
+            _ = try storage.commitLocal { state in
                 try state.storeAdmission(entries, of: device, signer: identity, maxSkewMilliseconds: skew)
-            }
-            if let delta {
-                perform(core.broadcast(delta, state: storage.snapshot(), now: .now))
-                emit(.localChange(delta))
             }
             let state = storage.snapshot()
             perform(core.joinerAdmitted(id, roster: state.roster(of: identity.groupID), now: .now, state: state))

@@ -38,6 +38,10 @@ public actor Replicator {
     /// Attachment file work, in order (Replicator+Attachments.swift).
     let attachmentQueue = DispatchQueue(label: "peersync.attachments")
     private nonisolated let subscribers = Broadcaster<NodeEvent>(buffer: 10_000)
+    /// The storage's commits to ship: the one way local changes reach peers.
+    private nonisolated let outgoing: any CommitFollower
+    /// The task that hands ``outgoing``'s commits to ``ship(_:)`` (started by `init`).
+    private nonisolated let pump = Mutex<Task<Void, Never>?>(nil)
 
     private struct Transport {
         let signal: OutputSignal
@@ -47,8 +51,10 @@ public actor Replicator {
         var established: (@Sendable () -> Void)?
     }
 
-    /// A replicator for the replica behind `storage`. Nothing runs until a session opens.
-    public init(storage: any SyncStorage, replicaID: ReplicaID, name: String, identity: LocalIdentity,
+    /// A replicator for the replica behind `storage`. From now on it ships every commit to the
+    /// storage that did not come from a peer (``SyncStorage/followCommits()``); sessions open
+    /// with ``openSession(_:close:counters:established:)``.
+    package init(storage: any SyncStorage, replicaID: ReplicaID, name: String, identity: LocalIdentity,
                 configuration: SyncConfiguration, logger: Logger) {
         self.storage = storage
         self.replicaID = replicaID
@@ -66,6 +72,20 @@ public actor Replicator {
                                                signedReports: storage.seenReports() != nil,
                                                deflateChunks: configuration.deflateChunks),
                                roster: storage.snapshot().roster(of: identity.groupID), reports: storage.seenReports() ?? [])
+        outgoing = storage.followCommits()
+        let follower = outgoing
+        let task = Task { [weak self] in
+            while let commits = await follower.next() {
+                guard let self else { return }
+                await self.ship(commits)
+            }
+        }
+        pump.withLock { $0 = task }
+    }
+
+    deinit {
+        outgoing.cancel()
+        pump.withLock { $0?.cancel() }
     }
 
     /// The roster as the local state has it now.
@@ -73,8 +93,14 @@ public actor Replicator {
 
     // MARK: - Events
 
-    /// What the node does. Each call makes a new subscriber.
+    /// What the node does. Each call makes a new subscriber; one that falls 10,000 events
+    /// behind loses the oldest.
     public nonisolated func events() -> AsyncStream<NodeEvent> { subscribers.subscribe() }
+
+    /// The events a replica acts on (a join, a removal, a restore detected), losing none: a
+    /// subscriber that must not miss one. Its reader must keep up on average (events come per
+    /// session and per commit, never per record).
+    package nonisolated func controlEvents() -> AsyncStream<NodeEvent> { subscribers.subscribe(lossless: true) }
 
     package nonisolated func emit(_ event: NodeEvent) { subscribers.yield(event) }
 
@@ -160,10 +186,18 @@ public actor Replicator {
 
     // MARK: - Local changes
 
-    /// Ships a committed local delta to every connected peer.
-    public func broadcast(_ delta: RecordMap) {
+    /// Ships committed local changes to every connected peer: only ever what the storage's
+    /// commit feed yields (the one way in).
+    private func ship(_ commits: OutgoingCommits) {
+        if commits.resync { resyncAll() }
+        guard let delta = commits.delta else { return }
         perform(core.broadcast(delta, state: storage.snapshot(), now: .now))
         if delta.touchesRoster { refreshRoster() }
+    }
+
+    /// Ships what is committed and not yet shipped, now (before a goodbye).
+    private func shipPending() {
+        if let commits = outgoing.takePending() { ship(commits) }
     }
 
     /// Re-reads the roster from the local state, ends sessions of devices no longer admitted,
@@ -209,16 +243,14 @@ public actor Replicator {
             }) else { return }
             logger.info("confirmed admissions by invite with admin-signed entries",
                         metadata: ["entries": "\(delta.records(in: RosterEntry.collection).count)"])
-            perform(core.broadcast(delta, state: storage.snapshot(), now: .now))
-            emit(.localChange(delta))
-            refreshRoster()
+            refreshRoster()  // the entries reach peers through the commit feed
         } catch {
             logger.warning("cannot store the confirmation of an admission", metadata: ["error": "\(error)"])
         }
     }
 
     /// Sends every peer what it lacks (after the local state was reloaded from disk).
-    public func resyncAll() {
+    func resyncAll() {
         perform(core.resyncAll() + core.attachmentsRescan(state: storage.snapshot()))
     }
 
@@ -253,6 +285,9 @@ public actor Replicator {
     /// Says goodbye to every peer, waits (bounded) until each goodbye is written and every
     /// transport is closed, then stops the timer.
     public func shutdown() async {
+        shipPending()  // a save made just before sync stops still reaches the peers
+        outgoing.cancel()
+        pump.withLock { $0?.cancel() }
         perform(core.shutdown(now: .now))
         await waitUntilNoSessions(timeout: configuration.timing.closeDrainTimeout + .seconds(1))
         for transport in transports.values { transport.close() }
@@ -351,13 +386,19 @@ public actor Replicator {
     private func commit(_ request: ReplicationCore.CommitRequest) {
         let storage = self.storage
         let rounds = Set(request.parts.filter(\.endsRound).compactMap { core.session($0.session)?.peerKey?.deviceID })
-        let origins = Set(request.parts.map(\.origin))
-        let origin = origins.count == 1 ? origins.first! : "peers"
+        let names = Set(request.parts.map(\.origin))
+        let journal = names.count == 1 ? names.first! : "peers"
         let deltas = request.deltas
+        // Who sent each delta, for the app's change stream (and so the feed does not ship it back).
+        let origins = request.parts.flatMap { part -> [ChangeOrigin] in
+            let peer = core.session(part.session)?.peer
+            let origin = ChangeOrigin.peer(name: peer?.name ?? part.origin, replicaID: peer?.replicaID ?? ReplicaID(high: 0, low: 0))
+            return Array(repeating: origin, count: part.deltas.count)
+        }
         let completing = request.completing
         commitQueue.async { [weak self] in
             let result: Result<(outcomes: [MergeOutcome], dropped: [RecordKey]), any Error> = Result {
-                try storage.applyRemote(deltas, from: origin, completing: completing)
+                try storage.applyRemote(deltas, origins: origins, journal: journal, completing: completing)
             }
             Task { await self?.commitFinished(request.id, result, rounds: rounds) }
         }
@@ -377,7 +418,6 @@ public actor Replicator {
                 // Records the group deleted and purged while this replica was in the past.
                 logger.info("dropped records the group deleted and purged while this store was away",
                             metadata: ["records": "\(dropped.count)"])
-                emit(.purgedElsewhere(dropped))
             }
             let heardNew = !rounds.isSubset(of: roundsHeardFrom)
             roundsHeardFrom.formUnion(rounds)

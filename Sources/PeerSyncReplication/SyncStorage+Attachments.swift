@@ -17,13 +17,13 @@ public struct AttachmentsNotStored: Error, Sendable, CustomStringConvertible {
 
 extension SyncStorage {
     /// No attachment bytes: the node neither serves nor fetches them.
-    public var storesAttachments: Bool { false }
+    package var storesAttachments: Bool { false }
     /// 64 MiB.
-    public func attachmentMaxBytes(in state: ReplicaState) -> Int64 { 64 << 20 }
-    public func attachmentPresence(_ hash: AttachmentHash) -> AttachmentPresence { .partial(bytes: 0) }
-    public func readAttachment(_ hash: AttachmentHash, offset: Int64, length: Int) throws -> (bytes: [UInt8], total: Int64)? { nil }
-    public func writeAttachmentPartial(_ hash: AttachmentHash, offset: Int64, bytes: [UInt8]) throws { throw AttachmentsNotStored() }
-    public func verifyAttachmentPartial(_ hash: AttachmentHash) throws -> Bool { false }
-    public func promoteAttachmentPartial(_ hash: AttachmentHash) throws { throw AttachmentsNotStored() }
-    public func discardAttachmentPartial(_ hash: AttachmentHash) {}
+    package func attachmentMaxBytes(in state: ReplicaState) -> Int64 { 64 << 20 }
+    package func attachmentPresence(_ hash: AttachmentHash) -> AttachmentPresence { .partial(bytes: 0) }
+    package func readAttachment(_ hash: AttachmentHash, offset: Int64, length: Int) throws -> (bytes: [UInt8], total: Int64)? { nil }
+    package func writeAttachmentPartial(_ hash: AttachmentHash, offset: Int64, bytes: [UInt8]) throws { throw AttachmentsNotStored() }
+    package func verifyAttachmentPartial(_ hash: AttachmentHash) throws -> Bool { false }
+    package func promoteAttachmentPartial(_ hash: AttachmentHash) throws { throw AttachmentsNotStored() }
+    package func discardAttachmentPartial(_ hash: AttachmentHash) {}
 }

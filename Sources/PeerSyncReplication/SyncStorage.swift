@@ -3,17 +3,23 @@ import PeerSyncIdentity
 import PeerSyncModel
 import PeerSyncWire
 
-/// What sync needs from the replica's storage. The engine supplies it (the session layer never
-/// touches SQLite itself); tests supply an in-memory one.
-public protocol SyncStorage: Sendable {
+/// What sync needs from the replica's storage. The engine supplies it (the replication layer
+/// never touches SQLite itself).
+///
+/// One way in: the replicator ships to every peer exactly what ``followCommits()`` yields —
+/// every commit that did not come from a peer, whoever made it (the app's saves, batches and
+/// imports, the replicator's own admissions, other processes). Nothing else ships local
+/// changes, so no commit can bypass it.
+package protocol SyncStorage: Sendable {
     /// The replica's current committed state (a snapshot; cheap).
     func snapshot() -> ReplicaState
-    /// Joins deltas received from peers, durably, in one transaction (all or none); returns
-    /// what each delta changed, in order.
-    func applyRemote(_ deltas: [RecordMap], from origin: String) throws -> [MergeOutcome]
     /// Runs a local change durably in one transaction (e.g. writing an admitted device's roster
-    /// entry); returns its delta, nil if nothing changed.
+    /// entry); returns its delta, nil if nothing changed. It reaches peers through
+    /// ``followCommits()`` like every other local commit.
     func commitLocal(_ body: (inout ReplicaState) throws -> RecordMap?) throws -> RecordMap?
+    /// A new follower of the commits sync must ship, from now on (lossless: commits made while
+    /// the follower is not asked are joined into one delta).
+    func followCommits() -> any CommitFollower
 
     // Compaction gossip (docs/PROTOCOL.md §19; defaults below for a storage without it).
 
@@ -27,10 +33,12 @@ public protocol SyncStorage: Sendable {
     func recordSeen(_ reports: [SeenReport]) throws -> RecordedReports
     /// Stores a report this replica signed, durably, before it is sent.
     func saveOwnReport(_ report: SeenReport) throws
-    /// Joins deltas as ``applyRemote(_:from:)`` does and, for each complete round among them,
-    /// drops the records the peer's group purged while this replica was in the past (PROTOCOL
-    /// §6.5), in the same transaction; returns them.
-    func applyRemote(_ deltas: [RecordMap], from origin: String, completing rounds: [CompleteRound]) throws
+    /// Joins deltas received from peers — `origins[i]` sent `deltas[i]` — durably, in one
+    /// transaction (all or none; journaled as from `journal`), and, for each complete round
+    /// among them, drops the records the peer's group purged while this replica was in the past
+    /// (PROTOCOL §6.5), in the same transaction. Returns what each delta changed, in order, and
+    /// the records dropped. What peers sent is never yielded by ``followCommits()``.
+    func applyRemote(_ deltas: [RecordMap], origins: [ChangeOrigin], journal: String, completing rounds: [CompleteRound]) throws
         -> (outcomes: [MergeOutcome], dropped: [RecordKey])
 
     // Attachment bytes (SyncStorage+Attachments.swift has defaults for a storage without them).
@@ -56,13 +64,31 @@ public protocol SyncStorage: Sendable {
 }
 
 extension SyncStorage {
-    public func seenReports() -> [SeenReport]? { nil }
-    public func recordSeen(_ reports: [SeenReport]) throws -> RecordedReports { RecordedReports() }
-    public func saveOwnReport(_ report: SeenReport) throws {}
-    public func applyRemote(_ deltas: [RecordMap], from origin: String, completing rounds: [CompleteRound]) throws
-        -> (outcomes: [MergeOutcome], dropped: [RecordKey])
-    {
-        (try applyRemote(deltas, from: origin), [])
+    package func seenReports() -> [SeenReport]? { nil }
+    package func recordSeen(_ reports: [SeenReport]) throws -> RecordedReports { RecordedReports() }
+    package func saveOwnReport(_ report: SeenReport) throws {}
+}
+
+/// Follows a storage's commits for the replicator (``SyncStorage/followCommits()``).
+package protocol CommitFollower: Sendable {
+    /// Waits for commits to ship and returns them joined; nil once cancelled.
+    func next() async -> OutgoingCommits?
+    /// What is pending now, without waiting (nil: nothing).
+    func takePending() -> OutgoingCommits?
+    /// Ends the follower: ``next()`` returns nil.
+    func cancel()
+}
+
+/// Commits to ship to peers, joined.
+package struct OutgoingCommits: Sendable {
+    /// The commits' deltas joined into one (nil: none).
+    package var delta: RecordMap?
+    /// Another process rewrote more than its journal keeps: offer every peer everything.
+    package var resync: Bool
+
+    package init(delta: RecordMap?, resync: Bool) {
+        self.delta = delta
+        self.resync = resync
     }
 }
 
@@ -153,11 +179,6 @@ public enum NodeEvent: Sendable {
     /// A peer's compaction gossip taught this replica something new about what the group has
     /// seen: compaction may be able to go further.
     case gossipReceived
-    /// A local change this node made itself (admitting a joiner's roster entry).
-    case localChange(RecordMap)
-    /// A complete round showed these records deleted and purged by the group while this replica
-    /// was in the past (restored from a backup): they are gone here too (PROTOCOL §6.5).
-    case purgedElsewhere([RecordKey])
     /// Digests differed although both sides held the same events (a bug here or in the peer's
     /// implementation): a full-state exchange with the peer repairs it. `repairs` counts them.
     case divergenceRepaired(PeerInfo, repairs: Int)

@@ -16,6 +16,15 @@ public struct CommitNotice: Sendable {
     public let localSettingsChanged: Bool
     /// The conflict log changed (new entries, or one marked resolved).
     public let conflictsChanged: Bool
+    /// `keys` by where they came from (one entry, sharing `keys`' storage, for most changes).
+    public let origins: [ChangeOrigin: Set<RecordKey>]
+    /// With `reload`: whose change made everyone re-read.
+    public let reloadOrigin: ChangeOrigin?
+    /// The deltas sync must ship: every delta of the change that did not come from a peer
+    /// (this process's writes and imports, other processes' commits). See ``CommitInterest/outgoing``.
+    public let outgoing: [RecordMap]
+    /// Another process rewrote more than its journal keeps: sync must offer peers everything.
+    public let resync: Bool
 }
 
 /// Which changes a ``CommitSubscription`` wants to hear about.
@@ -26,12 +35,20 @@ public struct CommitInterest: Sendable {
     public var localSettings: Bool
     /// Wake up for changes to the conflict log.
     public var conflicts: Bool
+    /// Keep changed keys by origin (``PendingChanges/byOrigin``).
+    public var origins: Bool
+    /// Keep the deltas to ship, joined (``PendingChanges/outgoing``): the replicator's interest.
+    public var outgoing: Bool
 
-    /// An interest in `collections` (nil: all) and, optionally, local settings and conflicts.
-    public init(collections: Set<String>?, localSettings: Bool = false, conflicts: Bool = false) {
+    /// An interest in `collections` (nil: all) and, optionally, local settings, conflicts,
+    /// keys by origin and the deltas to ship.
+    public init(collections: Set<String>?, localSettings: Bool = false, conflicts: Bool = false,
+                origins: Bool = false, outgoing: Bool = false) {
         self.collections = collections
         self.localSettings = localSettings
         self.conflicts = conflicts
+        self.origins = origins
+        self.outgoing = outgoing
     }
 
     func wants(_ key: RecordKey) -> Bool { collections?.contains(key.collection) ?? true }
@@ -50,18 +67,44 @@ public struct PendingChanges: Sendable {
     public var conflictsChanged = false
     /// Sequence number of the newest commit included; 0 if none.
     public var newestSequence: UInt64 = 0
+    /// With ``CommitInterest/origins``: changed keys of interest by origin.
+    public var byOrigin: [ChangeOrigin: Set<RecordKey>] = [:]
+    /// With ``CommitInterest/origins``: origins whose change made everything to be re-read.
+    public var reloadedBy: Set<ChangeOrigin> = []
+    /// With ``CommitInterest/outgoing``: the deltas to ship, joined into one (a join of deltas
+    /// is a delta: shipping it once is shipping each).
+    public var outgoing: RecordMap?
+    /// With ``CommitInterest/outgoing``: peers must be offered everything (another process's
+    /// change too large for its journal).
+    public var resync = false
 
     /// Nothing pending.
     public init() {}
 
     /// Whether nothing of interest changed.
-    public var isEmpty: Bool { keys.isEmpty && !reload && !localSettingsChanged && !conflictsChanged }
+    public var isEmpty: Bool {
+        keys.isEmpty && !reload && !localSettingsChanged && !conflictsChanged && outgoing == nil && !resync
+    }
 
     mutating func absorb(_ notice: CommitNotice, _ interest: CommitInterest) {
         newestSequence = max(newestSequence, notice.sequence)
         if notice.reload { reload = true }
         if interest.localSettings && notice.localSettingsChanged { localSettingsChanged = true }
         if interest.conflicts && notice.conflictsChanged { conflictsChanged = true }
+        if interest.outgoing {
+            for delta in notice.outgoing {
+                if outgoing == nil { outgoing = delta } else { outgoing!.merge(delta) }
+            }
+            if notice.resync { resync = true }
+        }
+        if interest.origins {
+            if let origin = notice.reloadOrigin { reloadedBy.insert(origin) }
+            for (origin, keys) in notice.origins {
+                let wanted = interest.collections == nil ? keys : keys.filter(interest.wants)
+                guard !wanted.isEmpty else { continue }
+                if byOrigin[origin] == nil { byOrigin[origin] = wanted } else { byOrigin[origin]!.formUnion(wanted) }
+            }
+        }
         guard !reload else {
             keys = []
             return
@@ -76,6 +119,12 @@ public struct PendingChanges: Sendable {
     /// Joins changes drained earlier (to be looked at again).
     public mutating func absorb(_ other: PendingChanges) {
         newestSequence = max(newestSequence, other.newestSequence)
+        byOrigin.merge(other.byOrigin) { $0.union($1) }
+        reloadedBy.formUnion(other.reloadedBy)
+        if let delta = other.outgoing {
+            if outgoing == nil { outgoing = delta } else { outgoing!.merge(delta) }
+        }
+        resync = resync || other.resync
         reload = reload || other.reload
         localSettingsChanged = localSettingsChanged || other.localSettingsChanged
         conflictsChanged = conflictsChanged || other.conflictsChanged
@@ -120,28 +169,49 @@ public final class CommitFeed: Sendable {
     }
 
     /// Called by the store under its lock after `state` became the published state: `absorbed`
-    /// are other processes' commits joined first, `deltas` this change's own deltas.
-    func publish(state replicaState: ReplicaState, absorbed: [StoreChange], deltas: [RecordMap]) {
-        var keys: Set<RecordKey> = []
-        var reload = false
+    /// are other processes' commits joined first (or this process's own rewrites, a `nil`
+    /// delta: re-read everything), `deltas` this change's own deltas and `origins` theirs, in
+    /// order (nil: all ``ChangeOrigin/local``). `shipDeltas`: false when sync itself committed
+    /// `deltas` (received from peers: the replicator has passed them on already).
+    func publish(state replicaState: ReplicaState, absorbed: [StoreChange], deltas: [RecordMap], origins: [ChangeOrigin]? = nil,
+                 shipDeltas: Bool = true) {
+        var byOrigin: [ChangeOrigin: Set<RecordKey>] = [:]
+        var reloadOrigin: ChangeOrigin?
+        var outgoing: [RecordMap] = []
+        var resync = false
         // Without subscribers, only count (a subscriber that arrives meanwhile reads a snapshot
         // that includes this change anyway).
         let listened = state.withLock { !$0.subscribers.isEmpty }
-        for change in absorbed where listened {
-            guard let delta = change.delta else {
-                reload = true
-                break
-            }
+        func add(_ delta: RecordMap, from origin: ChangeOrigin, ship: Bool) {
+            var keys = byOrigin.removeValue(forKey: origin) ?? []
             for (collection, records) in delta.collections {
                 for id in records.keys { keys.insert(RecordKey(collection: collection, id: id)) }
             }
+            byOrigin[origin] = keys
+            if ship { outgoing.append(delta) }
         }
-        if !reload && listened {
-            for delta in deltas {
-                for (collection, records) in delta.collections {
-                    for id in records.keys { keys.insert(RecordKey(collection: collection, id: id)) }
-                }
+        for change in absorbed where listened {
+            guard let delta = change.delta else {
+                // Another process's change too large for the journal, or this process's own
+                // rewrite (a purge, compaction, a restore's drop: nothing for peers).
+                let external = change.origin == "reload"
+                reloadOrigin = external ? .otherProcess : .local
+                resync = resync || external
+                continue
             }
+            add(delta, from: .otherProcess, ship: true)
+        }
+        if listened {
+            for (index, delta) in deltas.enumerated() {
+                add(delta, from: origins.map { index < $0.count ? $0[index] : .local } ?? .local, ship: shipDeltas)
+            }
+        }
+        let reload = reloadOrigin != nil
+        var keys: Set<RecordKey> = []
+        if !reload {
+            if byOrigin.count == 1 { keys = byOrigin.first!.value } else { for each in byOrigin.values { keys.formUnion(each) } }
+        } else {
+            byOrigin = [:]
         }
         let (notice, subscribers) = state.withLock { s in
             let local = s.localSettings.map { $0 != replicaState.localSettings } ?? true
@@ -149,9 +219,10 @@ public final class CommitFeed: Sendable {
             s.localSettings = replicaState.localSettings
             s.conflictsRecorded = replicaState.conflicts.totalRecorded
             s.sequence += 1
-            let notice = CommitNotice(sequence: s.sequence, keys: reload ? [] : keys, reload: reload,
-                                      localSettingsChanged: local, conflictsChanged: conflicts)
-            guard reload || !keys.isEmpty || local || conflicts else { return (notice, [CommitSubscription]()) }
+            let notice = CommitNotice(sequence: s.sequence, keys: keys, reload: reload,
+                                      localSettingsChanged: local, conflictsChanged: conflicts, origins: byOrigin,
+                                      reloadOrigin: reloadOrigin, outgoing: outgoing, resync: resync)
+            guard reload || !keys.isEmpty || local || conflicts || !outgoing.isEmpty else { return (notice, [CommitSubscription]()) }
             return (notice, s.subscribers.values.compactMap(\.subscription))
         }
         // Outside the feed's lock (a subscription whose owner let go meanwhile may deinit here
@@ -165,8 +236,8 @@ public final class CommitFeed: Sendable {
     public func publishConflictsChanged() {
         let (notice, subscribers) = state.withLock { s in
             s.sequence += 1
-            let notice = CommitNotice(sequence: s.sequence, keys: [], reload: false,
-                                      localSettingsChanged: false, conflictsChanged: true)
+            let notice = CommitNotice(sequence: s.sequence, keys: [], reload: false, localSettingsChanged: false,
+                                      conflictsChanged: true, origins: [:], reloadOrigin: nil, outgoing: [], resync: false)
             return (notice, s.subscribers.values.compactMap(\.subscription))
         }
         for subscriber in subscribers { subscriber.enqueue(notice) }

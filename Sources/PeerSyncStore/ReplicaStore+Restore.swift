@@ -74,14 +74,15 @@ extension ReplicaStore {
     /// records stay out after a restart too. Other processes reload. Returns the outcomes and
     /// the records dropped.
     public func applyRemoteEach(
-        _ deltas: [RecordMap], from origin: String, completing rounds: [CompleteRound]
+        _ deltas: [RecordMap], from origin: String, origins: [ChangeOrigin]? = nil, bySync: Bool = false,
+        completing rounds: [CompleteRound]
     ) throws(StoreError) -> (outcomes: [MergeOutcome], dropped: [RecordKey]) {
-        guard !rounds.isEmpty else { return (try applyRemoteEach(deltas, from: origin), []) }
+        guard !rounds.isEmpty else { return (try applyRemoteEach(deltas, from: origin, origins: origins, bySync: bySync), []) }
         do {
             try Self.checkLimits(deltas, joinedInto: inner.withLock { $0.state.context })
             let records = deltas.reduce(0) { $0 + $1.recordCount }
             typealias Result = (outcomes: [MergeOutcome], dropped: [RecordKey], stable: CausalContext)
-            let result = try transaction(origin: origin, deltasChecked: true, records: records, also: { (db: Database, result: Result) in
+            let result = try transaction(origin: origin, changeOrigins: origins, bySync: bySync, deltasChecked: true, records: records, also: { (db: Database, result: Result) in
                 guard !result.dropped.isEmpty else { return }
                 let delete = try db.cachedStatement(sql: "DELETE FROM record WHERE collection = ? AND id = ?")
                 for key in result.dropped { try delete.execute(arguments: [key.collection, key.id.data]) }

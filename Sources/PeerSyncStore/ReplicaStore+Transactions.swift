@@ -74,13 +74,13 @@ extension ReplicaStore {
     /// events, journaled beside it (`journal.events`, migration v6); nil for none. `also`: more
     /// SQL of the same transaction, after the rows are written.
     func transaction<T: Sendable>(
-        origin: String, deltasChecked: Bool = false, records: Int? = nil, rows: (T) -> Set<RecordKey>? = { _ in nil },
+        origin: String, changeOrigins: [ChangeOrigin]? = nil, bySync: Bool = false, deltasChecked: Bool = false, records: Int? = nil, rows: (T) -> Set<RecordKey>? = { _ in nil },
         localEvents: (T) -> CausalContext? = { _ in nil }, also: (Database, T) throws -> Void = { _, _ in },
         _ body: (inout ReplicaState) throws -> (T, [RecordMap])
     ) throws -> T {
         let result = try writer.withLock { _ in
             let change = { (state: inout ReplicaState, position: inout Int64, absorbed: inout [StoreChange]) in
-                try self.commit(origin: origin, deltasChecked: deltasChecked, rows: rows, localEvents: localEvents, also: also, body,
+                try self.commit(origin: origin, changeOrigins: changeOrigins, bySync: bySync, deltasChecked: deltasChecked, rows: rows, localEvents: localEvents, also: also, body,
                                 on: &state, position: &position, absorbed: &absorbed)
             }
             if let records, Self.largeChange(records, heldRecords: inner.withLock { $0.state.records.recordCount }) {
@@ -118,12 +118,16 @@ extension ReplicaStore {
     private struct Committed<T> {
         var result: T
         var deltas: [RecordMap]
+        /// Where each delta came from (nil: all local).
+        var origins: [ChangeOrigin]?
+        /// Sync committed the deltas (from peers): the commit feed does not offer them to ship.
+        var bySync: Bool
     }
 
     /// Runs `body` in one SQLite transaction on `state`: joins other processes' commits,
     /// applies it, checks limits, persists. On a throw, `state` may hold part of it.
     private func commit<T>(
-        origin: String, deltasChecked: Bool, rows: (T) -> Set<RecordKey>?, localEvents: (T) -> CausalContext?,
+        origin: String, changeOrigins: [ChangeOrigin]?, bySync: Bool, deltasChecked: Bool, rows: (T) -> Set<RecordKey>?, localEvents: (T) -> CausalContext?,
         also: (Database, T) throws -> Void, _ body: (inout ReplicaState) throws -> (T, [RecordMap]),
         on state: inout ReplicaState, position: inout Int64, absorbed: inout [StoreChange]
     ) throws -> Committed<T> {
@@ -140,7 +144,7 @@ extension ReplicaStore {
                         conflicts: Array(newConflicts), origin: origin, localEvents: localEvents(result), position: &position)
             try also(db, result)
             if let hook = insideTransaction.withLock({ $0 }) { hook() }
-            return Committed(result: result, deltas: deltas)
+            return Committed(result: result, deltas: deltas, origins: changeOrigins, bySync: bySync)
         }
     }
 
@@ -148,7 +152,8 @@ extension ReplicaStore {
     private func publish<T>(_ committed: Committed<T>, state: ReplicaState, position: Int64, absorbed: [StoreChange],
                             into inner: inout Inner) -> T {
         inner.state = state
-        commits.publish(state: state, absorbed: absorbed, deltas: committed.deltas)
+        commits.publish(state: state, absorbed: absorbed, deltas: committed.deltas, origins: committed.origins,
+                       shipDeltas: !committed.bySync)
         inner.position = position
         inner.absorbed += absorbed
         return committed.result

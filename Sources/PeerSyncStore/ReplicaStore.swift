@@ -258,15 +258,20 @@ public final class ReplicaStore: Sendable {
 
     /// Joins several deltas (consecutive catch-up chunks) in one transaction: all or none.
     @discardableResult
-    public func applyRemote(_ deltas: [RecordMap], from origin: String) throws(StoreError) -> MergeOutcome {
+    public func applyRemote(_ deltas: [RecordMap], from origin: String, origins: [ChangeOrigin]? = nil) throws(StoreError) -> MergeOutcome {
         var outcome = MergeOutcome()
-        for each in try applyRemoteEach(deltas, from: origin) { outcome.absorb(each) }
+        for each in try applyRemoteEach(deltas, from: origin, origins: origins) { outcome.absorb(each) }
         return outcome
     }
 
     /// Joins several deltas in one transaction (all or none) and reports what each one changed,
     /// in order (a group commit of deltas from several peers).
-    public func applyRemoteEach(_ deltas: [RecordMap], from origin: String) throws(StoreError) -> [MergeOutcome] {
+    ///
+    /// `origins`: where each delta came from, in order, for the commit feed (nil: all
+    /// ``ChangeOrigin/local``). `bySync`: sync itself received them (it passes them on; the
+    /// feed does not offer them to ship), else they are an import the replicator ships.
+    public func applyRemoteEach(_ deltas: [RecordMap], from origin: String, origins: [ChangeOrigin]? = nil,
+                                bySync: Bool = false) throws(StoreError) -> [MergeOutcome] {
         do {
             // Refuse what breaks the limits before the transaction: a refusal then costs
             // O(delta + context), not a rollback and a reload of the state. (The transaction
@@ -279,7 +284,7 @@ public final class ReplicaStore: Sendable {
                     : outcomes.reduce(into: Set()) { $0.formUnion($1.changedStates) }
             }
             let records = deltas.reduce(0) { $0 + $1.recordCount }
-            return try transaction(origin: origin, deltasChecked: true, records: records, rows: rows) { state in
+            return try transaction(origin: origin, changeOrigins: origins, bySync: bySync, deltasChecked: true, records: records, rows: rows) { state in
                 let before = state.context
                 let outcomes = deltas.map { state.apply($0) }
                 let changed = outcomes.contains { !$0.isEmpty } || state.context != before

@@ -72,9 +72,9 @@ final class TestReplica: @unchecked Sendable {
         return port
     }
 
-    /// A local edit: committed, then broadcast.
+    /// A local edit: committed (the node ships it: it follows the store's commit feed).
     func write(_ body: (inout ReplicaState) throws -> RecordMap?) async throws {
-        if let delta = try store.write(body) { await node.broadcast(delta) }
+        try store.write(body)
     }
 
     var digest: StateDigest { store.state.digest }
