@@ -243,7 +243,14 @@ extension Replica {
                 ])
             }
             run = result
+            // Connected peers hear of it with the next digest round (PROTOCOL §19.4).
+            if result.purgedRecords > 0 { Task { [weak self] in await self?.announceCompaction() } }
         }
         return CompactionReport(run: run, status: compactionStatus())
+    }
+
+    /// Tells the sessions that a compaction step purged records.
+    func announceCompaction() async {
+        await replicator?.compacted()
     }
 }

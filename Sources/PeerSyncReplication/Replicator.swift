@@ -249,6 +249,12 @@ public actor Replicator {
         }
     }
 
+    /// A compaction step purged deleted records: every peer gets a digest (and the gossip it
+    /// lacks) with the next digest round (PROTOCOL §19.4).
+    public func compacted() {
+        perform(core.compacted(now: .now))
+    }
+
     /// Sends every peer what it lacks (after the local state was reloaded from disk).
     func resyncAll() {
         perform(core.resyncAll() + core.attachmentsRescan(state: storage.snapshot()))

@@ -7,7 +7,7 @@ import PeerSyncDiscovery
 
 struct Doctor: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Explain why sync does not work: store, secret, listen port, running node, and each --peer.")
+        abstract: "Explain why sync does not work: store, device key and group, listen port, running node, and each --peer.")
 
     @OptionGroup var options: StoreOptions
     @Option(help: "The address `peersync run` listens on.") var listen: String = "0.0.0.0:7946"

@@ -17,7 +17,7 @@ struct Run: AsyncParsableCommand {
     @Option(help: "Address to listen on.") var listen: String = "0.0.0.0:7946"
     @Option(name: .customLong("peer"), help: "A peer to dial, HOST:PORT (repeatable).") var peers: [String] = []
     @Flag(help: "Do not advertise or look for peers on the LAN (DNS-SD); use only --peer.") var noDiscovery = false
-    @Flag(help: "Plain TCP without the group secret, for debugging only. Anyone on the network can read and change the data.")
+    @Flag(help: "Plain TCP instead of TLS, for debugging only: devices still prove their keys and the roster still admits them, but nothing is encrypted, so anyone on the network can read and change the data in transit.")
     var insecure = false
     @Option(help: "Refuse peers whose clock differs by more than this many seconds.") var maxClockSkew: Int = 300
     @Option(help: "trace, debug, info, notice, warning, error or critical.") var logLevel: String = "info"

@@ -215,4 +215,51 @@ struct GossipCoreTests {
         a.handle(a.core.updateRoster(a.state.roster(of: group.groupID), identity: a.core.settings.identity, now: t0))
         #expect(a.seen?[c.replicaID] == report)
     }
+    @Test("after a compaction step that purged, the next digest round sends every peer a digest (same digest, the new record count) and the peer finds it converged")
+    func compactionIsAnnounced() throws {
+        var a = CoreNode("a", signedReports: true)
+        var b = CoreNode("b", signedReports: true)
+        var link = CoreLink.connect(&a, &b, now: t0)
+        try link.settle(&a, &b, now: t0)
+        try a.write { try $0.save(Location(name: "doomed")) }
+        let id = try #require(a.state.fetchAll(Location.self).first?.id)
+        try link.settle(&a, &b, now: t0)
+        a.write { $0.delete(Location.self, id: id) }
+        var now = t0
+        for _ in 0..<4 {
+            now += .seconds(2)
+            a.tick(now: now)
+            b.tick(now: now)
+            try link.settle(&a, &b, now: now)
+        }
+        #expect(a.state.digest == b.state.digest)
+        // Settled: a quiet round sends no digest.
+        let settled = link.framesToB.count
+        now += .seconds(2)
+        a.tick(now: now)
+        b.tick(now: now)
+        try link.settle(&a, &b, now: now)
+        #expect(!link.framesToB[settled...].contains { $0.type == Message.Kind.digest.rawValue })
+        // a's compaction step purges the deleted record (its deletion is stable) and tells the core.
+        let before = a.state.records.recordCount
+        let purged = a.state.purge([RecordKey(collection: Location.collection, id: id)], stable: a.state.context)
+        #expect(purged.keys.count == 1)
+        a.handle(a.core.compacted(now: now))
+        let convergedBefore = b.events.filter { if case .converged = $0 { true } else { false } }.count
+        let sent = link.framesToB.count
+        now += .seconds(2)
+        a.tick(now: now)
+        b.tick(now: now)
+        try link.settle(&a, &b, now: now)
+        let digests = link.framesToB[sent...].filter { $0.type == Message.Kind.digest.rawValue }
+            .compactMap { try? Message.decode(type: $0.type, body: $0.body) }
+        guard case .digest(let digest, let records)? = digests.first else {
+            Issue.record("no digest after the compaction step")
+            return
+        }
+        #expect(digest == a.state.digest && digest == b.state.digest, "a purge leaves the digest as it was (§8.4)")
+        #expect(records == UInt64(before - 1))
+        #expect(b.events.filter { if case .converged = $0 { true } else { false } }.count == convergedBefore + 1)
+        #expect(a.core.repairs == 0 && b.core.repairs == 0)
+    }
 }

@@ -443,6 +443,10 @@ struct VectorBuilder {
                 ["name": name, "type": Int(message.kind.rawValue), "fields": fields, "frame": hex(message.encodedFrame())]
             },
             "decodeOnly": decodeOnlyMessages(),
+            "receiver": [
+                "description": "The session every invalid frame is fed to: replica B at wall clock t0, never admitted (it receives no auth). Its hello would announce features 12 = bit 2 (deflated chunks) + bit 3 (event counters): it reads delta forms 01 and 02 and deflated chunks, and refuses types 13-15 (attachments) and 16 (seen) as unknown (reason 10). A frame is decoded and checked (fields, chunk order, the delta and its bounds, the skew of its timestamps) before admission is asked, so a frame that fails those gets reason 5, not 12 (PROTOCOL 6.1).",
+                "replica": replicaHex(Fixed.b), "wallClock": num(Fixed.t0), "features": 12, "admitted": false,
+            ] as JSON,
             "invalid": invalidMessages(),
         ]
     }
@@ -551,7 +555,10 @@ struct VectorBuilder {
             ["name": "a ping before the hello", "after": "nothing", "frame": frame(6, [0x08, 1]), "reason": 5],
             ["name": "a second hello", "after": "hello", "frame": helloFrame(Self.hello()), "reason": 5],
             ["name": "type 0", "after": "hello", "frame": frame(0, []), "reason": 10],
-            ["name": "type 13 (reserved for attachments; unknown to this version)", "after": "hello", "frame": frame(13, []), "reason": 10],
+            ["name": "type 13 (attachmentRequest) to a receiver that did not announce attachments (features bit 0)", "after": "hello",
+             "frame": frame(13, []), "reason": 10],
+            ["name": "type 16 (seen) to a receiver that did not announce signed reports (features bit 4)", "after": "hello",
+             "frame": frame(16, [2, 0]), "reason": 10],
             ["name": "type 200", "after": "hello", "frame": frame(200, []), "reason": 10],
             ["name": "field with wire type 3", "after": "hello", "frame": frame(6, [0x0b]), "reason": 5],
             ["name": "truncated field", "after": "hello", "frame": frame(6, [0x08]), "reason": 5],
@@ -568,7 +575,8 @@ struct VectorBuilder {
             ["name": "deflated chunk whose field 4 is not a raw DEFLATE stream", "after": "hello",
              "frame": frame(2, [0x08, 0, 0x10, 1, 0x18, 0, 0x22, 3, 0xff, 0xff, 0xff, 0x28, 3]), "reason": 5],
             ["name": "delta with an empty body", "after": "hello", "frame": frame(3, []), "reason": 5],
-            ["name": "delta of unknown form 2", "after": "hello", "frame": frame(3, [2]), "reason": 5],
+            ["name": "delta of form 02 (event-next) that ends after its form byte", "after": "hello", "frame": frame(3, [2]), "reason": 5],
+            ["name": "delta of unknown form 3", "after": "hello", "frame": frame(3, [3]), "reason": 5],
             ["name": "delta with a field timestamp 300.001 s ahead of the receiver's clock", "after": "hello", "frame": frame(3, far),
              "reason": 5],
             ["name": "delta with a value nested 65 deep", "after": "hello", "frame": frame(3, deepEvent), "reason": 5],
@@ -757,9 +765,44 @@ struct VectorBuilder {
         } else {
             bundle = SyncBundle.seal(delta, header: header, senderKey: Fixed.keyA, recipients: [Fixed.keyB.publicKey])
         }
+        let otherGroup = hex([UInt8](repeating: 7, count: 16))
+        func flipped(_ bytes: [UInt8], at offsetFromEnd: Int) -> String {
+            var copy = bytes
+            copy[copy.count - offsetFromEnd] ^= 1
+            return hex(copy)
+        }
+        func replaced(_ bytes: [UInt8], at index: Int, with byte: UInt8) -> String {
+            var copy = bytes
+            copy[index] = byte
+            return hex(copy)
+        }
+        let scalarA = hex(Fixed.keyA.privateKey.rawRepresentation), scalarB = hex(Fixed.keyB.privateKey.rawRepresentation)
+        let group = hex(Fixed.group.bytes)
         return [
             "kind": "bundles",
-            "description": "A context file of device B (signed; deterministic up to its 64-byte signature) and a sync bundle from device A to device B (randomized: ephemeral key, content key, nonces; decrypt it with device B's key).",
+            "description": "A context file of device B (signed; deterministic up to its 64-byte signature) and a sync bundle from device A to device B (randomized: ephemeral key, content key, nonces; decrypt it with device B's key). invalidContextFiles and invalidBundles: the same bytes changed, or opened as another group or by another device, each with the error a reader gives (PROTOCOL 14 gives the order of the checks).",
+            "invalidContextFiles": [
+                ["name": "magic PSCONTEXT changed to PSCONTEXU", "groupID": group, "hex": replaced(contextFile, at: 8, with: 0x55), "error": "notABundle"],
+                ["name": "format byte 3", "groupID": group, "hex": replaced(contextFile, at: 9, with: 3), "error": "unsupportedVersion"],
+                ["name": "one byte of the context blob changed (the signature no longer verifies)", "groupID": group,
+                 "hex": flipped(contextFile, at: 70), "error": "tampered"],
+                ["name": "the signature's last byte changed", "groupID": group, "hex": flipped(contextFile, at: 1), "error": "tampered"],
+                ["name": "read by a device of another group (07 07 … 07)", "groupID": otherGroup, "hex": hex(contextFile), "error": "otherGroup"],
+            ] as [JSON],
+            "invalidBundles": [
+                ["name": "magic PSBUNDLE changed to PSBUNDLF", "groupID": group, "recipientPrivateScalar": scalarB,
+                 "hex": replaced(bundle, at: 7, with: 0x46), "error": "notABundle"],
+                ["name": "format byte 3", "groupID": group, "recipientPrivateScalar": scalarB, "hex": replaced(bundle, at: 8, with: 3),
+                 "error": "unsupportedVersion"],
+                ["name": "one byte of the payload changed (the signature no longer verifies)", "groupID": group, "recipientPrivateScalar": scalarB,
+                 "hex": flipped(bundle, at: 80), "error": "tampered"],
+                ["name": "the signature's last byte changed", "groupID": group, "recipientPrivateScalar": scalarB, "hex": flipped(bundle, at: 1),
+                 "error": "tampered"],
+                ["name": "opened by a device of another group (07 07 … 07)", "groupID": otherGroup, "recipientPrivateScalar": scalarB,
+                 "hex": hex(bundle), "error": "otherGroup"],
+                ["name": "opened by device A, its sender, which is not among its recipients", "groupID": group, "recipientPrivateScalar": scalarA,
+                 "hex": hex(bundle), "error": "notForThisDevice"],
+            ] as [JSON],
             "contextFile": ["groupID": hex(Fixed.group.bytes), "replica": replicaHex(Fixed.b), "deviceKey": hex(Fixed.keyB.publicKey.x963),
                             "context": contextJSON(context), "hex": hex(contextFile)] as JSON,
             "bundle": ["groupID": hex(Fixed.group.bytes), "senderKey": hex(Fixed.keyA.publicKey.x963), "senderReplica": replicaHex(Fixed.a),

@@ -240,6 +240,9 @@ struct VectorTests {
             if case .hello = message { hello = (type, body) }
         }
         let validHello = try #require(hello)
+        let receiver = file["receiver"] as! JSON
+        #expect(u64(receiver["features"]) == UInt64(HelloFeatures([.deflatedChunks, .eventCounters]).rawValue))
+        #expect(replica(receiver["replica"]) == Fixed.b && u64(receiver["wallClock"]) == Fixed.t0)
         var established = Self.machine()
         let opened = established.receive(type: validHello.type, body: validHello.body, now: Fixed.t0)
         guard case .established? = opened.first else { Issue.record("the vector hello is not accepted: \(opened)"); return }
@@ -410,5 +413,33 @@ struct VectorTests {
         #expect(throws: BundleError.tampered) { try SyncBundle.open(flipped, groupID: group, me: recipient) }
         #expect(throws: BundleError.otherGroup) { try SyncBundle.open(bundle, groupID: other, me: recipient) }
         #expect(throws: BundleError.notForThisDevice) { try SyncBundle.open(bundle, groupID: group, me: Fixed.keyA) }
+
+        func kind(_ error: BundleError) -> String {
+            switch error {
+            case .notABundle: "notABundle"
+            case .unsupportedVersion: "unsupportedVersion"
+            case .otherGroup: "otherGroup"
+            case .notForThisDevice: "notForThisDevice"
+            case .tampered: "tampered"
+            default: "\(error)"
+            }
+        }
+        for v in file["invalidContextFiles"] as! [JSON] {
+            do throws(BundleError) {
+                _ = try SyncBundle.openContext(unhex(v["hex"]), groupID: GroupID(bytes: unhex(v["groupID"]))!)
+                Issue.record("\(v["name"]!) was accepted")
+            } catch {
+                #expect(kind(error) == v["error"] as! String, "\(v["name"]!)")
+            }
+        }
+        for v in file["invalidBundles"] as! [JSON] {
+            let me = DeviceKey(privateKey: try P256.Signing.PrivateKey(rawRepresentation: unhex(v["recipientPrivateScalar"])))
+            do throws(BundleError) {
+                _ = try SyncBundle.open(unhex(v["hex"]), groupID: GroupID(bytes: unhex(v["groupID"]))!, me: me)
+                Issue.record("\(v["name"]!) was accepted")
+            } catch {
+                #expect(kind(error) == v["error"] as! String, "\(v["name"]!)")
+            }
+        }
     }
 }

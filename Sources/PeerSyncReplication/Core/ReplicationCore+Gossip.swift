@@ -87,6 +87,20 @@ extension ReplicationCore {
         return []
     }
 
+    /// A compaction step purged deleted records from the local state (PROTOCOL §19.4; the shell
+    /// calls this after a step that purged something). A purge leaves the digest as it was (it
+    /// counts visible records only) but not the records held: every established session sends a
+    /// digest with the next digest round — its `records` the new count — so each peer checks
+    /// convergence against the compacted state at once, and with it, on a gossip round, the
+    /// reports that peer was not sent yet. Nothing else: no catch-up round, no repair.
+    mutating func compacted(now: MonotonicInstant) -> [Action] {
+        for id in established.values {
+            sessions[id]!.changedSinceDigest = true
+            if sessions[id]!.peer?.features.contains(.signedReports) == true { sessions[id]!.gossipPending = true }
+        }
+        return []
+    }
+
     /// Signs a new report of this replica's context if it grew since the last one and a gossip
     /// round came since (at most one signature per round); the shell stores it, then calls
     /// ``ownReportSaved(_:now:)``. Its time is the wall clock, never below the last report's + 1.
