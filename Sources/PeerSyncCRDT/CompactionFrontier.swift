@@ -64,7 +64,7 @@ extension CausalContext {
 /// concurrent with them still on its way to anyone. Deleted records whose dots are all stable
 /// can be purged (``RecordMap/purge(stable:limit:)``).
 ///
-/// Two rounds (docs/ARCHITECTURE.md, "Compaction at causal stability"): a candidate is the
+/// Two rounds (docs/PROTOCOL.md §19.2): a candidate is the
 /// meet `S` of the members' seen contexts together with the writers' frontier `F` (each
 /// member's own writes that it had made by the time it reported); once a later meet includes
 /// `F`, `S` joins ``stable``. A write concurrent with a dot of `S` was made by a member before

@@ -4,8 +4,8 @@
 /// is invisible and every dot it holds — each field register's dot, each presence entry's add
 /// dot and removal dot — is in `stable`. Purging removes the record whole and keeps the causal
 /// context, so every later delta that still carries the record's old dots is recognised as
-/// already seen and dropped (``apply(_:)`` on a replica state). docs/ARCHITECTURE.md,
-/// "Compaction at causal stability", gives the reasoning.
+/// already seen and dropped (``apply(_:)`` on a replica state). docs/PROTOCOL.md §19.2–19.3
+/// give the rule and the reasoning.
 extension RecordMap {
     /// What one purge removed.
     public struct PurgeResult: Sendable, Equatable {
