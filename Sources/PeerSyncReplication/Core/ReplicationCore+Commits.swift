@@ -260,6 +260,10 @@ extension ReplicationCore {
 
     mutating func enqueue(_ delta: RecordMap, to id: SessionID, state: ReplicaState) {
         sessions[id]!.changedSinceDigest = true
+        // A round queued for this peer that was extracted after the commit already carries it:
+        // a live copy would only race ahead of the round (a joiner cannot check the roster
+        // entries of an admission before the round brings the entries of their signers).
+        if let round = sessions[id]!.out.catchUp, !delta.context.isEmpty, round.context.includes(delta.context) { return }
         if settings.transfer == .fullState {
             sessions[id]!.out.push(catchUp: state.records, replacing: true)
         } else {
