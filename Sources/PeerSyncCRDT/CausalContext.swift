@@ -123,6 +123,28 @@ public struct CausalContext: Hashable, Sendable {
         }
     }
 
+    /// The one dot this context holds, if it holds exactly one (the context of a delta of one
+    /// event); nil otherwise.
+    var onlyDot: Dot? {
+        if versionVector.isEmpty {
+            guard dotCloud.count == 1, let (replica, counters) = dotCloud.first, counters.count == 1 else { return nil }
+            return Dot(replica: replica, counter: counters.first!)
+        }
+        guard dotCloud.isEmpty, versionVector.count == 1, let (replica, counter) = versionVector.first, counter == 1 else { return nil }
+        return Dot(replica: replica, counter: 1)
+    }
+
+    /// Inserts `dot` if it is the next counter of its replica's vector entry and that replica
+    /// has no cloud dots (then `insert(_:)` would only move the entry up by one); returns the
+    /// entry before (0 for none). Otherwise changes nothing and returns nil.
+    mutating func extendVector(with dot: Dot) -> UInt64? {
+        if !dotCloud.isEmpty, dotCloud[dot.replica] != nil { return nil }
+        let current = versionVector[dot.replica] ?? 0
+        guard current < UInt64.max, dot.counter == current + 1 else { return nil }
+        versionVector[dot.replica] = dot.counter
+        return current
+    }
+
     public func merged(with other: CausalContext) -> CausalContext {
         var copy = self
         copy.merge(other)

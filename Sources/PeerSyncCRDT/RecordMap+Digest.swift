@@ -9,6 +9,14 @@ extension RecordMap {
             context.merge(other)
             return
         }
+        // One event that continues its writer's vector entry (a write or delete ships the
+        // context of its one dot): two lookups, not the six of the general merge below plus an
+        // array per delta — 1/5 of W2's in-memory apply of one-field deltas (issue 30).
+        if let dot = other.onlyDot, let before = context.extendVector(with: dot) {
+            if before > 0 { maintainedDigest!.remove(Self.contextEntryHash(dot.replica, before, inCloud: false)) }
+            maintainedDigest!.add(Self.contextEntryHash(dot.replica, dot.counter, inCloud: false))
+            return
+        }
         // O(what changes), not O(cloud): a delta accumulating one replica's writes keeps them
         // all in its cloud, and rehashing it per merge made building one quadratic.
         // Vector entries change only for replicas `other` names, in its vector or its cloud (a
