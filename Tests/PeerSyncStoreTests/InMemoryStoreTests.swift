@@ -29,7 +29,8 @@ struct InMemoryStoreTests {
 
         // A peer's concurrent edit of the same field: joined, and a conflict recorded.
         var remote = ReplicaState(replicaID: testReplica(9), name: "remote")
-        let delta = try #require(remote.upsert(["name": .string("Ward 4"), "floor": .int(2)], to: key))
+        let edit = remote.upsert(["name": .string("Ward 4"), "floor": .int(2)], to: key)
+        let delta = try #require(edit)
         let outcome = try store.applyRemote(delta, from: "peer:test")
         #expect(!outcome.isEmpty)
         #expect(store.state.context.includes(delta.context))
@@ -58,7 +59,9 @@ struct InMemoryStoreTests {
 
         var remote = ReplicaState(replicaID: testReplica(9), name: "remote")
         let other = RecordKey(collection: locations, id: UUID())
-        try store.applyRemote(try #require(remote.upsert(["name": .string("Ward 5")], to: other)), from: "peer:test",
+        let edit = remote.upsert(["name": .string("Ward 5")], to: other)
+        let unwrapped = try #require(edit)
+        try store.applyRemote([unwrapped], from: "peer:test",
                               origins: [.peer(name: "remote", replicaID: testReplica(9))])
         #expect(await subscription.waitForChanges())
         pending = subscription.drain()
