@@ -139,7 +139,12 @@ extension Replica {
     /// never had one.
     static func setUp(_ store: ReplicaStore, directory: String) throws -> DeviceSetup {
         let (key, _) = try DeviceKey.loadOrCreate(at: keyPath(directory))
-        let legacySecret = try readLegacySecret(directory: directory)
+        return try setUp(store, key: key, legacySecret: readLegacySecret(directory: directory))
+    }
+
+    /// ``setUp(_:directory:)`` with the device key and the legacy secret at hand (a replica in
+    /// memory holds its key there).
+    static func setUp(_ store: ReplicaStore, key: DeviceKey, legacySecret: GroupSecret?) throws -> DeviceSetup {
         if let membership = try store.membership(), let groupID = GroupID(bytes: membership.groupID) {
             var pending: PendingJoin?
             if let inviter = membership.joinInviter.flatMap(DeviceID.init(bytes:)), let entry = membership.joinEntry {

@@ -21,6 +21,8 @@ import Synchronization
 /// ```
 public actor Replica {
     public nonisolated let store: ReplicaStore
+    /// The directory holding the store and the device key; empty for a replica in memory
+    /// (``inMemory(name:groupName:logger:)``, ``isInMemory``).
     public nonisolated let directory: String
     nonisolated let logger: Logger
     /// This device's key (in `device-key.pem`, mode 0600; it never leaves the device).
@@ -69,6 +71,19 @@ public actor Replica {
         self.directory = directory
         self.logger = logger
         let setup = try Self.setUp(store, directory: directory)
+        deviceKey = setup.key
+        groupID = setup.groupID
+        legacySecret = setup.legacySecret
+        pendingJoin = setup.pendingJoin
+    }
+
+    /// A replica over a store without a directory (Replica+InMemory.swift), with its device key
+    /// held in memory: nothing of it is read from or written to a directory.
+    init(store: ReplicaStore, key: DeviceKey, logger: Logger) throws {
+        self.store = store
+        directory = ""
+        self.logger = logger
+        let setup = try Self.setUp(store, key: key, legacySecret: nil)
         deviceKey = setup.key
         groupID = setup.groupID
         legacySecret = setup.legacySecret

@@ -22,7 +22,7 @@ package struct StoreSyncStorage: SyncStorage {
     package init(_ store: ReplicaStore, key: DeviceKey? = nil, groupID: GroupID? = nil) {
         store.checkpointsInBackground = true
         self.store = store
-        attachments = AttachmentStore(storeDirectory: store.directory)
+        attachments = AttachmentStore(storeDirectory: store.filesDirectory)
         identity = key.flatMap { key in groupID.map { (key, $0) } }
     }
 

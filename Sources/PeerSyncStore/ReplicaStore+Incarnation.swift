@@ -109,7 +109,8 @@ extension ReplicaStore {
     func beginNewIncarnation(reason: String, unlessBoundTo expected: String?) throws(StoreError) -> IncarnationChange? {
         let fresh = ReplicaID.random()
         let previous = replicaID
-        let binding = Self.binding(of: path)
+        // A store without a file of its own has no binding (nothing to copy behind its back).
+        let binding = directory == nil ? nil : Self.binding(of: path)
         var began = true
         do {
             try changingState { inner in

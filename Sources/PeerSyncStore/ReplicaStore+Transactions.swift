@@ -13,7 +13,8 @@ extension ReplicaStore {
     /// copied and fsynced). Off by default, where each commit that finds the WAL past 1,000
     /// pages checkpoints inline as SQLite does — right for a process that commits and exits,
     /// whose pass would be cut short by its exit. A process that keeps the store open and
-    /// commits often turns it on (`StoreSyncStorage` does, for every sync node).
+    /// commits often turns it on (`StoreSyncStorage` does, for every sync node). No effect on a
+    /// store without a file of its own (its writer's configuration checkpoints).
     public var checkpointsInBackground: Bool {
         get { checkpointer.background.load(ordering: .relaxed) }
         set { checkpointer.background.store(newValue, ordering: .relaxed) }
@@ -21,8 +22,11 @@ extension ReplicaStore {
 
     /// Makes every committed write durable: fsyncs the WAL (SQLite runs with synchronous=NORMAL,
     /// which writes the WAL at commit without syncing it). Never called with the state lock held.
+    /// A store over a caller's database has no file of its own to sync: its writer's
+    /// configuration decides durability.
     func flushToDisk() throws(StoreError) {
         if let hook = beforeFlush.withLock({ $0 }) { hook() }
+        guard directory != nil else { return }
         try Self.flush(path)
     }
 

@@ -22,6 +22,16 @@ import Synchronization
 ///   read back or what its peers would refuse.
 ///
 /// All methods are thread-safe; writes of one process are serialized.
+///
+/// **Without a file.** ``inMemory(name:replicaID:physicalClock:)`` keeps the whole store in
+/// memory (SwiftUI previews, app tests), and ``open(database:name:replicaID:filesDirectory:physicalClock:)``
+/// runs it over any GRDB `DatabaseWriter` the caller made. Everything above works the same on
+/// them, except what needs the file the store opened itself (`directory` is nil then):
+/// other processes' commits are not watched (``refresh()`` reports none; a shared database's
+/// commits are still joined before each write), the store neither fsyncs (``flushToDisk()``:
+/// durability is the writer's own `synchronous` setting) nor checkpoints the WAL, there is no
+/// file binding (copy and restore detection), ``bytesOnDisk()`` is 0, and attachments go to a
+/// temporary directory (``filesDirectory``) removed when the store is released.
 public final class ReplicaStore: Sendable {
     /// The file name inside the store directory.
     public static let fileName = "replica.sqlite"
@@ -33,12 +43,26 @@ public final class ReplicaStore: Sendable {
     /// that table in its own transaction: one indexed range delete of about this many rows.
     public static let pruneInterval: Int64 = 64
 
-    public let directory: String
+    /// The directory holding the store's file; nil for a store over a database the caller made
+    /// (in memory, or ``open(database:name:replicaID:filesDirectory:physicalClock:)``).
+    public let directory: String?
+    /// The database file (for a store over a caller's database, the database's path, or
+    /// "in-memory store"), as errors name it.
     public let path: String
-    let pool: DatabasePool
+    /// Where files beside the store go (attachments: `filesDirectory/attachments`): `directory`,
+    /// or for a store without one the caller's choice or a temporary directory, made when first
+    /// written and removed when the store is released.
+    public let filesDirectory: String
+    /// Whether `filesDirectory` is a temporary one this store removes when it is released.
+    private let removesFilesDirectory: Bool
+    /// The store's connections: a `DatabasePool` on the store's file, or the caller's writer
+    /// (an in-memory `DatabaseQueue`, …).
+    let pool: any DatabaseWriter
     /// Checkpoints the WAL (off the commit path when ``checkpointsInBackground``).
     let checkpointer: WALCheckpointer
-    private let observer: DatabaseQueue
+    /// A connection of its own for `PRAGMA data_version` (other processes' commits); nil for a
+    /// store without a file of its own.
+    private let observer: DatabaseQueue?
     /// Serializes every change of `inner.state` in this process. Lock order: `writer`, then
     /// `inner`, then SQLite's write lock. A large remote commit holds only `writer` while it
     /// works (ReplicaStore+Transactions.swift), so readers of ``state`` never wait for it.
@@ -83,19 +107,7 @@ public final class ReplicaStore: Sendable {
         }
         let (pool, checkpointer) = try openPool(path)
         do {
-            // Before the first table: deleted space can then go back to the file system
-            // (compaction; existing stores switch with a one-time VACUUM).
-            try pool.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA auto_vacuum = INCREMENTAL") }
-            try Schema.migrator.migrate(pool)
-            try pool.write { db in
-                try ReplicaRow(
-                    replicaID: replicaID.description, name: name,
-                    createdAt: Int64(clamping: HybridLogicalClock.wallClock()), clock: 0,
-                    context: Data(CausalContext().encodedBlob()), binding: Self.binding(of: path)
-                ).insert(db)
-                try db.execute(sql: "INSERT INTO incarnation (replicaID, startedAt, reason) VALUES (?, ?, ?)",
-                               arguments: [replicaID.description, Int64(HybridLogicalClock.wallClock()), "created"])
-            }
+            try initialize(pool, name: name, replicaID: replicaID, binding: Self.binding(of: path))
             try Self.flush(path)
         } catch {
             try? FileManager.default.removeItem(atPath: path)
@@ -103,6 +115,23 @@ public final class ReplicaStore: Sendable {
         }
         return try ReplicaStore(directory: directory, path: path, pool: pool, checkpointer: checkpointer,
                                 physicalClock: physicalClock)
+    }
+
+    /// Makes the tables of a new store in an empty database, and its replica row.
+    private static func initialize(_ writer: any DatabaseWriter, name: String, replicaID: ReplicaID, binding: String?) throws {
+        // Before the first table: deleted space can then go back to the file system
+        // (compaction; existing stores switch with a one-time VACUUM).
+        try writer.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA auto_vacuum = INCREMENTAL") }
+        try Schema.migrator.migrate(writer)
+        try writer.write { db in
+            try ReplicaRow(
+                replicaID: replicaID.description, name: name,
+                createdAt: Int64(clamping: HybridLogicalClock.wallClock()), clock: 0,
+                context: Data(CausalContext().encodedBlob()), binding: binding
+            ).insert(db)
+            try db.execute(sql: "INSERT INTO incarnation (replicaID, startedAt, reason) VALUES (?, ?, ?)",
+                           arguments: [replicaID.description, Int64(HybridLogicalClock.wallClock()), "created"])
+        }
     }
 
     /// Opens the replica in `directory`.
@@ -114,15 +143,9 @@ public final class ReplicaStore: Sendable {
         guard FileManager.default.fileExists(atPath: path) else { throw .missing(directory: directory) }
         let (pool, checkpointer) = try openPool(path)
         do {
-            let (isOurs, unknown) = try pool.read { db in
-                (try db.tableExists(ReplicaRow.databaseTableName),
-                 try Schema.migrator.appliedIdentifiers(db).subtracting(Schema.migrator.migrations))
-            }
-            guard isOurs else {
+            guard try upgrade(pool, path: path) else {
                 throw StoreError.notAStore(path: path, detail: "an SQLite database without PeerSync tables")
             }
-            guard unknown.isEmpty else { throw StoreError.newerFormat(path: path, unknownMigrations: unknown.sorted()) }
-            try Schema.migrator.migrate(pool)
         } catch {
             throw StoreError.wrap(error, path: path)
         }
@@ -130,6 +153,78 @@ public final class ReplicaStore: Sendable {
                                      physicalClock: physicalClock)
         try store.checkBinding()
         return store
+    }
+
+    /// Migrates the store in `writer` to this version's schema; false if the database holds no
+    /// PeerSync store. Throws ``StoreError/newerFormat(path:unknownMigrations:)`` for a store a
+    /// newer version wrote.
+    private static func upgrade(_ writer: any DatabaseWriter, path: String) throws -> Bool {
+        let (isOurs, unknown) = try writer.read { db in
+            (try db.tableExists(ReplicaRow.databaseTableName),
+             try Schema.migrator.appliedIdentifiers(db).subtracting(Schema.migrator.migrations))
+        }
+        guard isOurs else { return false }
+        guard unknown.isEmpty else { throw StoreError.newerFormat(path: path, unknownMigrations: unknown.sorted()) }
+        try Schema.migrator.migrate(writer)
+        return true
+    }
+
+    /// A new replica held in memory only: for SwiftUI previews and tests. Nothing is written to
+    /// disk (attachments excepted: see ``filesDirectory``); the replica is gone when the store
+    /// is released. What needs a file is unavailable (see the type's comment).
+    public static func inMemory(
+        name: String, replicaID: ReplicaID = .random(),
+        physicalClock: @escaping HybridLogicalClock.PhysicalClock = HybridLogicalClock.wallClock
+    ) throws(StoreError) -> ReplicaStore {
+        var config = Configuration()
+        config.label = "PeerSync store (in memory)"
+        let queue: DatabaseQueue
+        do {
+            queue = try DatabaseQueue(configuration: config)
+        } catch {
+            throw StoreError.wrap(error, path: inMemoryPath)
+        }
+        return try open(database: queue, name: name, replicaID: replicaID, physicalClock: physicalClock)
+    }
+
+    /// How errors name a store in memory.
+    static let inMemoryPath = "in-memory store"
+
+    /// Opens the replica in a database the caller made — an in-memory `DatabaseQueue()`, or a
+    /// queue or pool on a file with a configuration of its own — and creates it there (named
+    /// `name`, as `replicaID`) if the database is empty. `name` and `replicaID` are used only
+    /// when creating.
+    ///
+    /// The store then has no file of its own (`directory` is nil), so it does not watch other
+    /// processes' commits, fsync, checkpoint the WAL or check the file binding: the caller's
+    /// configuration decides durability (SQLite's default `synchronous` makes each commit
+    /// durable). Attachments go to `filesDirectory/attachments`; with `filesDirectory` nil, to a
+    /// temporary directory removed when the store is released.
+    ///
+    /// - Throws: ``StoreError/cannotOpen(path:detail:)`` if the database holds tables other than
+    ///   a PeerSync store's; ``StoreError/newerFormat(path:unknownMigrations:)``; other ``StoreError``s.
+    public static func open(
+        database writer: any DatabaseWriter, name: String, replicaID: ReplicaID = .random(), filesDirectory: String? = nil,
+        physicalClock: @escaping HybridLogicalClock.PhysicalClock = HybridLogicalClock.wallClock
+    ) throws(StoreError) -> ReplicaStore {
+        let inMemory = writer.path == ":memory:" || writer.path.isEmpty || writer.path.contains("mode=memory")
+        let path = inMemory ? inMemoryPath : writer.path
+        do {
+            if try !upgrade(writer, path: path) {
+                let tables = try writer.read { db in
+                    try Int.fetchOne(db, sql: "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'") ?? 0
+                }
+                guard tables == 0 else {
+                    throw StoreError.cannotOpen(path: path, detail: "the database holds tables other than a PeerSync store's; give an empty database")
+                }
+                try initialize(writer, name: name, replicaID: replicaID, binding: nil)
+            }
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+        let files = filesDirectory ?? (NSTemporaryDirectory() as NSString).appendingPathComponent("peersync-files-\(UUID().uuidString)")
+        return try ReplicaStore(directory: nil, path: path, pool: writer, checkpointer: WALCheckpointer(path: path),
+                                filesDirectory: files, removesFilesDirectory: filesDirectory == nil, physicalClock: physicalClock)
     }
 
     /// The database file of the replica in `directory`.
@@ -160,25 +255,33 @@ public final class ReplicaStore: Sendable {
         }
     }
 
-    private init(directory: String, path: String, pool: DatabasePool, checkpointer: WALCheckpointer,
+    /// `directory` nil: a store over a caller's database (no observer; `filesDirectory` given).
+    private init(directory: String?, path: String, pool: any DatabaseWriter, checkpointer: WALCheckpointer,
+                 filesDirectory: String? = nil, removesFilesDirectory: Bool = false,
                  physicalClock: @escaping HybridLogicalClock.PhysicalClock) throws(StoreError) {
         self.directory = directory
         self.path = path
         self.pool = pool
         self.checkpointer = checkpointer
+        self.filesDirectory = directory ?? filesDirectory!
+        self.removesFilesDirectory = removesFilesDirectory
         self.physicalClock = physicalClock
         do {
-            observer = try DatabaseQueue(path: path)
+            observer = try directory.map { _ in try DatabaseQueue(path: path) }
             let (state, position, compaction) = try pool.read { db in
                 (try Self.loadState(db, physicalClock: physicalClock),
                  try Int64.fetchOne(db, sql: "SELECT max(seq) FROM journal") ?? 0,
                  try Self.loadCompaction(db))
             }
-            let version = try observer.inDatabase { try Int.fetchOne($0, sql: "PRAGMA data_version") }
+            let version = try observer?.inDatabase { try Int.fetchOne($0, sql: "PRAGMA data_version") }
             inner = Mutex(Inner(state: state, position: position, dataVersion: version, compaction: compaction))
         } catch {
             throw StoreError.wrap(error, path: path)
         }
+    }
+
+    deinit {
+        if removesFilesDirectory { try? FileManager.default.removeItem(atPath: filesDirectory) }
     }
 
     // MARK: - Reading
@@ -219,9 +322,10 @@ public final class ReplicaStore: Sendable {
         }
     }
 
-    /// Size of the database file and its WAL, in bytes.
+    /// Size of the database file and its WAL, in bytes (0 for a store without a file of its own).
     public func bytesOnDisk() -> Int {
-        [path, path + "-wal"].reduce(0) { total, file in
+        guard directory != nil else { return 0 }
+        return [path, path + "-wal"].reduce(0) { total, file in
             total + ((try? FileManager.default.attributesOfItem(atPath: file)[.size] as? Int) ?? 0)
         }
     }
@@ -307,10 +411,12 @@ public final class ReplicaStore: Sendable {
     }
 
     /// Joins what other processes committed since this one last looked. Cheap when nothing
-    /// changed (one `PRAGMA data_version`). Returns the changes, in commit order.
+    /// changed (one `PRAGMA data_version`). Returns the changes, in commit order. A store
+    /// without a file of its own watches no other process: only what its own transactions
+    /// joined is returned.
     public func refresh() throws(StoreError) -> [StoreChange] {
         do {
-            let version = try observer.inDatabase { try Int.fetchOne($0, sql: "PRAGMA data_version") }
+            let version = try observer?.inDatabase { try Int.fetchOne($0, sql: "PRAGMA data_version") }
             let takeAbsorbed = { (inner: inout Inner) -> [StoreChange] in
                 defer { inner.absorbed = [] }
                 return inner.absorbed
@@ -337,8 +443,10 @@ public final class ReplicaStore: Sendable {
 
     /// Polls ``refresh()`` every `interval` and yields each change other processes commit.
     /// The stream ends with an error if the store fails; cancel the consuming task to stop.
+    /// A store without a file of its own watches no other process: its stream ends at once.
     public func externalChanges(every interval: Duration = .milliseconds(5)) -> AsyncThrowingStream<StoreChange, any Error> {
         AsyncThrowingStream { continuation in
+            guard observer != nil else { return continuation.finish() }
             let task = Task {
                 do {
                     while !Task.isCancelled {

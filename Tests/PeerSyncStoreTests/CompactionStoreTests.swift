@@ -86,7 +86,7 @@ struct CompactionStoreTests {
         // Records it never held are taken as usual.
         try reopened.applyRemote(before.state.delta(missingFrom: CausalContext()), from: "peer:new")
         #expect(staleKeys.allSatisfy { reopened.state.contains($0) })
-        removeTemporaryDirectory(before.directory)
+        removeTemporaryDirectory(before.directory!)
     }
 
     @Test("live records, unstable deletions and concurrent edits are left alone")

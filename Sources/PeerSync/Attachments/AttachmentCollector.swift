@@ -37,7 +37,7 @@ final class AttachmentCollector: Sendable {
 
     init(store: ReplicaStore, logger: Logger) {
         self.store = store
-        files = AttachmentStore(storeDirectory: store.directory)
+        files = AttachmentStore(storeDirectory: store.filesDirectory)
         self.logger = logger
     }
 
