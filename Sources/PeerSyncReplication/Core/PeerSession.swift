@@ -179,7 +179,7 @@ extension PeerSession {
     /// encodes as delivered to the peer. Returns nil when there is nothing to send.
     /// `deflateChunks`: deflate catch-up chunks if the peer's hello says it reads them.
     mutating func nextBatch(
-        budget: Int, state: ReplicaState, neighbors: [ReplicaID], chunkTarget: Int, deflateChunks: Bool, now: MonotonicInstant,
+        budget: Int, state: some ReplicaView, localReplica: ReplicaID, neighbors: [ReplicaID], chunkTarget: Int, deflateChunks: Bool, now: MonotonicInstant,
         coalescing: Duration = .zero, coalescingCount: Int = .max, gossip: () -> [SeenReport]? = { nil }, onSkipped: (RecordKey, String) -> Void
     ) -> OutboundBatch? {
         var bytes: [UInt8] = []
@@ -226,7 +226,7 @@ extension PeerSession {
                 let peerHolds = lastAckContext ?? peer.context
                 let held = reports.filter { $0.replica != peer.replicaID || !peerHolds.includes($0.context) }
                 let news = SeenReports(held).news(since: reportsSent) {
-                    $0 != peer.replicaID && $0 != state.replicaID && peerNeighbors.contains($0)
+                    $0 != peer.replicaID && $0 != localReplica && peerNeighbors.contains($0)
                 }
                 // Within the peer's frame limit: as many as fit, the rest with the next round.
                 var fitting = news

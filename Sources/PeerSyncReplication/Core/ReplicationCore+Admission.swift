@@ -10,7 +10,7 @@ extension ReplicationCore {
 
     /// The peer's hello passed the protocol checks: check its group and device key, and prove
     /// our own key (auth). The session waits for the peer's auth.
-    mutating func authenticate(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: ReplicaState) -> [Action] {
+    mutating func authenticate(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: some ReplicaView) -> [Action] {
         sessions[id]!.outbound.relativeEventCounters = hello.features.contains(.eventCounters)
         let group = settings.identity.groupID
         guard hello.groupID == group.bytes else {
@@ -38,7 +38,7 @@ extension ReplicationCore {
     }
 
     /// The peer's auth: verify it, then ask the roster.
-    mutating func admit(_ id: SessionID, signature: [UInt8], now: MonotonicInstant, state: ReplicaState) -> [Action] {
+    mutating func admit(_ id: SessionID, signature: [UInt8], now: MonotonicInstant, state: some ReplicaView) -> [Action] {
         let session = sessions[id]!
         guard session.phase == .authenticating, let key = session.peerKey, let hello = session.peer else {
             return refuse(id, .malformed, "auth out of place", now: now)
@@ -92,7 +92,7 @@ extension ReplicationCore {
     /// enrol passes the live checks of a fresh join (its invite open at this node's wall clock,
     /// unused, unrevoked): an enrol's own timestamp could be backdated.
     mutating func join(_ id: SessionID, entries bytes: [[UInt8]], now: MonotonicInstant, wallClock: UInt64,
-                       state: ReplicaState) -> [Action] {
+                       state: some ReplicaView) -> [Action] {
         let session = sessions[id]!
         guard session.phase == .joining, let device = session.peerKey?.deviceID, let hello = session.peer else {
             // A joiner sends its entry once admitted by its inviter, a member its proof after
@@ -150,7 +150,7 @@ extension ReplicationCore {
 
     /// The entries admitting the session's device are committed (and in `roster`): the session
     /// becomes a member's.
-    mutating func joinerAdmitted(_ id: SessionID, roster: Roster, now: MonotonicInstant, state: ReplicaState) -> [Action] {
+    mutating func joinerAdmitted(_ id: SessionID, roster: Roster, now: MonotonicInstant, state: some ReplicaView) -> [Action] {
         self.roster = roster
         let judged = judgeHeldReports()
         guard let session = sessions[id], session.phase == .joining, let hello = session.peer else { return judged }
@@ -181,7 +181,7 @@ extension ReplicationCore {
     /// delta names must be claimed by a device (``RecordMap/unclaimedReplica(roster:known:claimedElsewhere:)``);
     /// a removed device's writes beyond its cutoff are dropped (their dots stay known, so nobody
     /// offers them again).
-    mutating func admitData(_ delta: RecordMap, from id: SessionID, now: MonotonicInstant, state: ReplicaState) -> DataAdmission {
+    mutating func admitData(_ delta: RecordMap, from id: SessionID, now: MonotonicInstant, state: some ReplicaView) -> DataAdmission {
         if let violation = delta.limitViolation {
             return .refused(refuse(id, .malformed, "the delta breaks a limit: \(violation)", now: now))
         }
@@ -235,7 +235,7 @@ extension ReplicationCore {
     }
 
     /// Admits an established session under the duplicate rule and queues its catch-up.
-    mutating func register(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: ReplicaState) -> [Action] {
+    mutating func register(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: some ReplicaView) -> [Action] {
         var actions: [Action] = []
         if let restored = refuseIfRestored(id, hello: hello, now: now, state: state) { return restored }
         if established[hello.replicaID] == nil, established.count >= settings.limits.sessions {
@@ -286,7 +286,7 @@ extension ReplicationCore {
     /// The peer has writes in our name we do not: this store was restored from an older copy (or
     /// copied, and the copy wrote). Writing on under this ID would reuse dots: refuse, and let the
     /// engine begin a new incarnation. Nil if not.
-    mutating func refuseIfRestored(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: ReplicaState) -> [Action]? {
+    mutating func refuseIfRestored(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: some ReplicaView) -> [Action]? {
         let issued = state.context.maxCounter(of: settings.localReplica)
         let known = hello.context.maxCounter(of: settings.localReplica)
         guard known > issued else { return nil }

@@ -106,7 +106,7 @@ extension ReplicationCore {
 
     /// A session was admitted: the first one scans the state for references; a peer that
     /// announced the feature becomes a source of bytes.
-    mutating func attachmentPeerAdmitted(_ id: SessionID, hello: Hello, state: ReplicaState) -> [Action] {
+    mutating func attachmentPeerAdmitted(_ id: SessionID, hello: Hello, state: some ReplicaView) -> [Action] {
         guard settings.attachments else { return [] }
         var actions: [Action] = []
         if !attachmentState.scanned {
@@ -136,7 +136,7 @@ extension ReplicationCore {
 
     /// Records changed (a commit of peers' deltas, a local change): fetch what the visible ones
     /// reference and this node has not looked at yet.
-    mutating func attachmentsReferenced(in keys: some Sequence<RecordKey>, state: ReplicaState) -> [Action] {
+    mutating func attachmentsReferenced(in keys: some Sequence<RecordKey>, state: some ReplicaView) -> [Action] {
         guard settings.attachments, attachmentState.scanned else { return [] }
         var found: Set<Attachment> = []
         for key in keys {
@@ -147,7 +147,7 @@ extension ReplicationCore {
     }
 
     /// The whole state changed (reloaded from disk): look at every reference again.
-    mutating func attachmentsRescan(state: ReplicaState) -> [Action] {
+    mutating func attachmentsRescan(state: some ReplicaView) -> [Action] {
         guard settings.attachments, attachmentState.scanned else { return [] }
         var found: Set<Attachment> = []
         for (_, record) in state.records.allRecords where record.isVisible {

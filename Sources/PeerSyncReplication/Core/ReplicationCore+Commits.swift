@@ -31,7 +31,7 @@ extension ReplicationCore {
         var fromRound: Bool { roundBytes != nil }
     }
 
-    mutating func startCommitIfIdle(state: ReplicaState, now: MonotonicInstant) -> [Action] {
+    mutating func startCommitIfIdle(state: some ReplicaView, now: MonotonicInstant) -> [Action] {
         guard inFlight == nil, !queued.isEmpty else { return [] }
         if let hold = holdForRounds(now: now) { return hold }
         commitHeldSince = nil
@@ -51,7 +51,7 @@ extension ReplicationCore {
     }
 
     /// The hold of ``SyncTiming/roundCommitHold`` is over: commit what waits.
-    mutating func commitDue(now: MonotonicInstant, state: ReplicaState) -> [Action] {
+    mutating func commitDue(now: MonotonicInstant, state: some ReplicaView) -> [Action] {
         startCommitIfIdle(state: state, now: now)
     }
 
@@ -90,7 +90,7 @@ extension ReplicationCore {
 
     /// The in-flight commit is durable; `outcomes` has one entry per delta, in order; `state` is
     /// the state after it.
-    mutating func committed(_ id: UInt64, outcomes: [MergeOutcome], state: ReplicaState, now: MonotonicInstant) -> [Action] {
+    mutating func committed(_ id: UInt64, outcomes: [MergeOutcome], state: some ReplicaView, now: MonotonicInstant) -> [Action] {
         guard let request = inFlight, request.id == id else { return [] }
         inFlight = nil
         lastActivity = now
@@ -134,7 +134,7 @@ extension ReplicationCore {
     ///
     /// `refused`: the store refused the data (it breaks a bound): the sending peer broke a rule.
     /// In a group commit of several sessions, each is retried alone so only the culprit is closed.
-    mutating func commitFailed(_ id: UInt64, error: String, refused: Bool, now: MonotonicInstant, state: ReplicaState) -> [Action] {
+    mutating func commitFailed(_ id: UInt64, error: String, refused: Bool, now: MonotonicInstant, state: some ReplicaView) -> [Action] {
         guard let request = inFlight, request.id == id else { return [] }
         inFlight = nil
         if refused {
@@ -160,7 +160,7 @@ extension ReplicationCore {
     // MARK: - Local changes and forwarding
 
     /// A committed local change: to every established peer.
-    mutating func broadcast(_ delta: RecordMap, state: ReplicaState, now: MonotonicInstant) -> [Action] {
+    mutating func broadcast(_ delta: RecordMap, state: some ReplicaView, now: MonotonicInstant) -> [Action] {
         if !established.isEmpty { lastActivity = now }
         var actions: [Action] = []
         for id in established.values.sorted() {
@@ -186,7 +186,7 @@ extension ReplicationCore {
     /// part of a catch-up round) to every other peer that may lack it — except a peer that made
     /// it or that is directly connected to every replica that made it (acks carry neighbour
     /// lists); the decision is the same for every delta of a part.
-    mutating func forward(_ deltas: [RecordMap], from source: SessionID, state: ReplicaState) -> [Action] {
+    mutating func forward(_ deltas: [RecordMap], from source: SessionID, state: some ReplicaView) -> [Action] {
         // Nothing to decide with no peer but the source.
         guard !deltas.isEmpty, established.values.contains(where: { $0 != source }) else { return [] }
         // The origins are the writers of the records' dots (for a live delta: its writer).
@@ -213,7 +213,7 @@ extension ReplicationCore {
     /// another; forwarding at once sent each replica's changes twice (W3 over TLS: 50 B/op of
     /// forwarded deltas beside 62 of chunks). A round is the sender's own: a relay never
     /// carries its context, so a peer's context never covers records it was not sent.
-    mutating func forward(round news: [RecordMap], from source: SessionID, state: ReplicaState, now: MonotonicInstant) -> [Action] {
+    mutating func forward(round news: [RecordMap], from source: SessionID, state: some ReplicaView, now: MonotonicInstant) -> [Action] {
         // Full-state mode (benchmarks) sends its whole state on every change anyway.
         if settings.transfer == .fullState { return forward(news, from: source, state: state) }
         guard !news.isEmpty, established.values.contains(where: { $0 != source }) else { return [] }
@@ -258,7 +258,7 @@ extension ReplicationCore {
         return writers
     }
 
-    mutating func enqueue(_ delta: RecordMap, to id: SessionID, state: ReplicaState) {
+    mutating func enqueue(_ delta: RecordMap, to id: SessionID, state: some ReplicaView) {
         sessions[id]!.changedSinceDigest = true
         if settings.transfer == .fullState {
             sessions[id]!.out.push(catchUp: state.records, replacing: true)

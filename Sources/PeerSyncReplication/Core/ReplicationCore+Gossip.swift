@@ -90,7 +90,7 @@ extension ReplicationCore {
     /// Signs a new report of this replica's context if it grew since the last one and a gossip
     /// round came since (at most one signature per round); the shell stores it, then calls
     /// ``ownReportSaved(_:now:)``. Its time is the wall clock, never below the last report's + 1.
-    mutating func refreshOwnReport(state: ReplicaState, wallClock: UInt64) -> [Action] {
+    mutating func refreshOwnReport(state: some ReplicaView, wallClock: UInt64) -> [Action] {
         guard settings.signedReports, !ownReportPending, let round = lastGossipRound, round != ownReportRound,
               ownReport?.context != state.context, !state.context.isEmpty else { return [] }
         ownReportRound = round
@@ -119,7 +119,7 @@ extension ReplicationCore {
     /// The newest time this node knows of writes or reports by `replica` beyond `counter` (what
     /// the peer's hello says it holds of its own writes): sent in the auth of a peer whose store
     /// was restored, so it can tell its writes since the restore from older ones (PROTOCOL §6.9).
-    func lostSince(of replica: ReplicaID, holding counter: UInt64, state: ReplicaState) -> UInt64? {
+    func lostSince(of replica: ReplicaID, holding counter: UInt64, state: some ReplicaView) -> UInt64? {
         guard state.context.maxCounter(of: replica) > counter else { return nil }
         let newest = [reportTimes[replica], state.records.newestWrite(by: replica, above: counter)].compactMap { $0 }.max()
         return newest

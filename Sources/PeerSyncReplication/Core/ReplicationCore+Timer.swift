@@ -93,7 +93,7 @@ extension ReplicationCore {
 
     /// The next bytes for a session's transport (nil: nothing now). `skipped` reports fields too
     /// large for the peer's frames.
-    mutating func nextBatch(_ id: SessionID, budget: Int, now: MonotonicInstant, state: ReplicaState,
+    mutating func nextBatch(_ id: SessionID, budget: Int, now: MonotonicInstant, state: some ReplicaView,
                             gossip: () -> [SeenReport]? = { nil }) -> (OutboundBatch?, [Action]) {
         guard var session = sessions[id] else { return (nil, []) }
         var actions: [Action] = []
@@ -105,7 +105,7 @@ extension ReplicationCore {
         let address = session.origin.address
         let heldBefore = session.deltasHeldUntil
         let batch = session.nextBatch(
-            budget: budget, state: state, neighbors: neighbors, chunkTarget: settings.limits.chunkTargetBytes,
+            budget: budget, state: state, localReplica: settings.localReplica, neighbors: neighbors, chunkTarget: settings.limits.chunkTargetBytes,
             deflateChunks: settings.deflateChunks, now: now, coalescing: settings.timing.deltaCoalescing,
             coalescingCount: settings.timing.deltaCoalescingCount, gossip: gossip
         ) { key, field in

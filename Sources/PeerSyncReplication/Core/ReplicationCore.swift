@@ -136,7 +136,7 @@ struct ReplicationCore {
     /// `startingCommit` false: what it queued waits for ``startCommitIfIdle(state:now:)`` after
     /// the last frame of the same read, so deltas that shared a TLS record share a commit.
     mutating func receive(
-        _ id: SessionID, type: UInt8, body: [UInt8], now: MonotonicInstant, wallClock: UInt64, state: ReplicaState,
+        _ id: SessionID, type: UInt8, body: [UInt8], now: MonotonicInstant, wallClock: UInt64, state: some ReplicaView,
         startingCommit: Bool = true
     ) -> [Action] {
         let actions = handle(id, type: type, body: body, now: now, wallClock: wallClock, state: state)
@@ -144,7 +144,7 @@ struct ReplicationCore {
     }
 
     private mutating func handle(
-        _ id: SessionID, type: UInt8, body: [UInt8], now: MonotonicInstant, wallClock: UInt64, state: ReplicaState
+        _ id: SessionID, type: UInt8, body: [UInt8], now: MonotonicInstant, wallClock: UInt64, state: some ReplicaView
     ) -> [Action] {
         // In place, never through a local copy of the session: a copy alive while a chunk is
         // appended to its batch would make every append copy the whole batch (a 100k-record
@@ -172,7 +172,7 @@ struct ReplicationCore {
 
     mutating func carryOut(
         _ decision: SessionStateMachine.Action, session id: SessionID, now: MonotonicInstant, wallClock: UInt64,
-        state: ReplicaState
+        state: some ReplicaView
     ) -> [Action] {
         switch decision {
         case .send(.pong(let nonce)):
@@ -290,7 +290,7 @@ struct ReplicationCore {
     /// help — it would only loop — so the divergence is reported once (a warning naming the peer,
     /// the collections and writers that differ and the records this side did not take) and left
     /// for a person or the next version to settle.
-    mutating func watchdog(_ id: SessionID, info: PeerInfo, now: MonotonicInstant, state: ReplicaState) -> [Action] {
+    mutating func watchdog(_ id: SessionID, info: PeerInfo, now: MonotonicInstant, state: some ReplicaView) -> [Action] {
         guard sessions[id]!.lastRepairAt == nil else {
             guard !sessions[id]!.divergencePersists else { return [] }
             sessions[id]!.divergencePersists = true
@@ -316,7 +316,7 @@ struct ReplicationCore {
     }
 
     /// A peer may echo writes in this replica's name, but never ones it did not make.
-    func ownNameRefusal(_ delta: RecordMap, state: ReplicaState) -> String? {
+    func ownNameRefusal(_ delta: RecordMap, state: some ReplicaView) -> String? {
         let issued = state.context.maxCounter(of: settings.localReplica)
         guard let claimed = delta.highestCounter(of: settings.localReplica), claimed > issued else { return nil }
         return "the delta holds a write by this replica (counter \(claimed)) that it never made (its last is \(issued))"
