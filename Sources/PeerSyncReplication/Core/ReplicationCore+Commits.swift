@@ -69,10 +69,12 @@ extension ReplicationCore {
         guard limit > .zero, soloCommits == 0, queued.allSatisfy(\.fromRound) else { return nil }
         var bytes = 0
         var arriving = false
-        for session in sessions.values where session.phase == .established && !session.batch.isEmpty
-            || session.firstRoundPending && [.authenticating, .joining, .established].contains(session.phase) {
+        for session in sessions.values {
+            let link = session.link
+            guard session.phase == .established && link?.batch.isEmpty == false
+                || session.firstRoundPending && [.authenticating, .joining, .established].contains(session.phase) else { continue }
             arriving = true
-            bytes += session.batchBytes
+            bytes += link?.batchBytes ?? 0
         }
         guard arriving else { return nil }
         for part in queued { bytes += part.roundBytes ?? 0 }
@@ -84,7 +86,7 @@ extension ReplicationCore {
         if now - since < limit { return [] }
         // A first round still owed at the hold's end is not waited for again: a peer that
         // never sends it costs the others' rounds one hold, not one per commit.
-        for id in sessions.keys where sessions[id]!.firstRoundPending { sessions[id]!.firstRoundPending = false }
+        for id in sessions.keys where sessions[id]?.firstRoundPending == true { sessions[id]?.firstRoundPending = false }
         return nil
     }
 
@@ -103,9 +105,9 @@ extension ReplicationCore {
                 let outcome = index < outcomes.count ? outcomes[index] : MergeOutcome()
                 index += 1
                 partOutcome.absorb(outcome)
-                sessions[part.session]?.delivered.merge(delta.context)
-                for key in outcome.droppedEchoes where (sessions[part.session]?.echoesDropped.count ?? 100) < 100 {
-                    sessions[part.session]!.echoesDropped.insert(key)
+                sessions[part.session]?.withLink { link in
+                    link.delivered.merge(delta.context)
+                    for key in outcome.droppedEchoes where link.echoesDropped.count < 100 { link.echoesDropped.insert(key) }
                 }
                 let grew = !contextBeforeCommit.includes(delta.context)
                 if !outcome.isEmpty || grew { news.append(delta) }
@@ -115,14 +117,13 @@ extension ReplicationCore {
             } else {
                 for delta in news { actions += forward([delta], from: part.session, state: state) }
             }
-            guard var session = sessions[part.session] else { continue }
-            session.changedSinceDigest = true
+            guard sessions[part.session] != nil else { continue }
+            sessions[part.session]?.withLink { $0.changedSinceDigest = true }
             if part.endsRound {
-                session.out.ackDue = true
+                sessions[part.session]?.out.ackDue = true
                 actions.append(.wake(part.session))
             }
-            sessions[part.session] = session
-            if !partOutcome.isEmpty, let info = session.info { actions.append(.event(.remoteChange(partOutcome, from: info))) }
+            if !partOutcome.isEmpty, let info = sessions[part.session]?.info { actions.append(.event(.remoteChange(partOutcome, from: info))) }
         }
         actions += attachmentsReferenced(in: outcomes.lazy.flatMap { $0.changedRecords }, state: state)
         pruneProvisionalClaims()
@@ -175,8 +176,8 @@ extension ReplicationCore {
     mutating func resyncAll() -> [Action] {
         var actions: [Action] = []
         for id in established.values.sorted() {
-            sessions[id]!.out.resync = true
-            sessions[id]!.changedSinceDigest = true
+            sessions[id]?.out.resync = true
+            sessions[id]?.withLink { $0.changedSinceDigest = true }
             actions.append(.wake(id))
         }
         return actions
@@ -193,10 +194,11 @@ extension ReplicationCore {
         let origins = Self.origins(of: deltas)
         var actions: [Action] = []
         for id in established.values.sorted() where id != source {
-            let other = sessions[id]!
+            guard let other = sessions[id] else { continue }
             if !origins.isEmpty, other.hearsDirectly(from: origins) { continue }
+            let delivered = other.link?.delivered ?? CausalContext()
             var queued = false
-            for delta in deltas where delta.context.isEmpty || !other.delivered.includes(delta.context) {
+            for delta in deltas where delta.context.isEmpty || !delivered.includes(delta.context) {
                 enqueue(delta, to: id, state: state)
                 queued = true
             }
@@ -220,15 +222,15 @@ extension ReplicationCore {
         let writers = Self.origins(of: news)
         var actions: [Action] = []
         for id in established.values.sorted() where id != source {
-            var other = sessions[id]!
-            guard writers.isEmpty || !other.hearsDirectly(from: writers) else { continue }
-            other.relayWriters.formUnion(writers)
-            if other.relayDue == nil {
-                let due = now + settings.timing.roundRelayDelay
-                other.relayDue = due
-                actions.append(.wakeAt(id, due))
+            guard let other = sessions[id], writers.isEmpty || !other.hearsDirectly(from: writers) else { continue }
+            let due = now + settings.timing.roundRelayDelay
+            let relay = sessions[id]?.withLink { link -> Bool in
+                link.relayWriters.formUnion(writers)
+                guard link.relayDue == nil else { return false }
+                link.relayDue = due
+                return true
             }
-            sessions[id] = other
+            if relay == true { actions.append(.wakeAt(id, due)) }
         }
         return actions
     }
@@ -259,11 +261,11 @@ extension ReplicationCore {
     }
 
     mutating func enqueue(_ delta: RecordMap, to id: SessionID, state: some ReplicaView) {
-        sessions[id]!.changedSinceDigest = true
+        sessions[id]?.withLink { $0.changedSinceDigest = true }
         if settings.transfer == .fullState {
-            sessions[id]!.out.push(catchUp: state.records, replacing: true)
+            sessions[id]?.out.push(catchUp: state.records, replacing: true)
         } else {
-            sessions[id]!.out.push(delta: delta, limit: settings.limits.outboxDeltaBytes)
+            sessions[id]?.out.push(delta: delta, limit: settings.limits.outboxDeltaBytes)
         }
     }
 }

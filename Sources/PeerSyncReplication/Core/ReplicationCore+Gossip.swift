@@ -11,20 +11,12 @@ import PeerSyncWire
 /// sends them on with its next digest round. Its own report is signed when its context grew
 /// since the last one, stored, and then gossiped (``refreshOwnReport(state:wallClock:)``).
 extension ReplicationCore {
-    /// A `seen` message from the peer of session `id`. A report another device's key does not
+    /// A `seen` message from the peer of established session `id`. A report another device's key does not
     /// sign, or for another group, or that a device makes for a replica another device claims
     /// closes the session (reason 15) and nothing of the message is kept; reports of devices or
     /// claims this roster does not have yet, of removed devices, and older ones, are left out.
-    mutating func receiveSeen(_ id: SessionID, body: [UInt8], now: MonotonicInstant) -> [Action] {
-        guard let session = sessions[id], session.phase == .established else {
-            return refuse(id, .notAdmitted, "seen before admission", now: now)
-        }
-        let reports: [SeenReport]
-        do throws(WireError) {
-            reports = try SeenMessage.decode(body: body)
-        } catch {
-            return refuse(id, .malformed, "\(error)", now: now)
-        }
+    mutating func receiveSeen(_ id: SessionID, reports: [SeenReport], now: MonotonicInstant) -> [Action] {
+        guard let session = sessions[id] else { return [] }
         var valid: [SeenReport] = []
         var skipped: [String] = []
         for report in reports {
@@ -46,8 +38,8 @@ extension ReplicationCore {
         }
         for report in valid where report.time > reportTimes[report.replica] ?? 0 { reportTimes[report.replica] = report.time }
         // The peer has what it sent: never sent back to it.
-        for report in reports where report.time > sessions[id]!.reportsSent[report.replica] ?? 0 {
-            sessions[id]!.reportsSent[report.replica] = report.time
+        sessions[id]?.withLink { link in
+            for report in reports where report.time > link.reportsSent[report.replica] ?? 0 { link.reportsSent[report.replica] = report.time }
         }
         if !valid.isEmpty { actions.append(.recordSeen(valid)) }
         return actions
@@ -82,7 +74,7 @@ extension ReplicationCore {
     /// speaks it sends it with its next digest round.
     mutating func gossipChanged(now: MonotonicInstant) -> [Action] {
         for id in established.values where sessions[id]?.peer?.features.contains(.signedReports) == true {
-            sessions[id]!.gossipPending = true
+            sessions[id]?.withLink { $0.gossipPending = true }
         }
         return []
     }
@@ -110,7 +102,7 @@ extension ReplicationCore {
         ownReport = report
         var actions: [Action] = []
         for id in established.values.sorted() where sessions[id]?.peer?.features.contains(.signedReports) == true {
-            sessions[id]!.out.gossipDue = true
+            sessions[id]?.out.gossipDue = true
             actions.append(.wake(id))
         }
         return actions

@@ -19,7 +19,8 @@ extension ReplicationCore {
                           features: localFeatures)
         var session = PeerSession(
             id: id, origin: origin,
-            machine: SessionStateMachine(localReplica: settings.localReplica, maxClockSkewMilliseconds: skewMilliseconds),
+            machine: SessionStateMachine(localReplica: settings.localReplica, maxClockSkewMilliseconds: skewMilliseconds,
+                                         readsAttachments: settings.attachments, readsSeen: settings.signedReports),
             hello: hello, now: now)
         if shuttingDown {
             session.close(with: .goodbye(.shuttingDown, "node shutting down"), reason: .localShutdown, now: now)
