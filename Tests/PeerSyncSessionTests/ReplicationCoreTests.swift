@@ -402,10 +402,10 @@ struct ReplicationCoreTests {
         try c.writeLocations(300, named: "c")
         var cb = CoreLink.connect(&c, &b, now: t0)
         // One batch at a time, each direction, until b holds part of c's round.
-        for _ in 0..<100 where b.core.sessions[cb.bSession]?.batch.isEmpty ?? true {
+        for _ in 0..<100 where b.core.sessions[cb.bSession]?.link?.batch.isEmpty ?? true {
             try cb.step(&c, &b, budget: 16_384, now: t0)
         }
-        #expect(b.core.sessions[cb.bSession]?.batch.isEmpty == false, "c's round did not stop halfway")
+        #expect(b.core.sessions[cb.bSession]?.link?.batch.isEmpty == false, "c's round did not stop halfway")
         var ab = CoreLink.connect(&a, &b, now: t0)
         try ab.settle(&a, &b, now: t0)
         return (a, b, c, ab, cb)
@@ -449,7 +449,7 @@ struct ReplicationCoreTests {
         try cb.step(&c, &b, budget: 16_384, now: t0)
         let owing = try #require(b.core.sessions[cb.bSession])
         #expect(owing.phase != .awaitingHello && owing.phase != .closing)
-        #expect(owing.batch.isEmpty && owing.firstRoundPending)
+        #expect((owing.link?.batch.isEmpty ?? true) && owing.firstRoundPending)
         // a's whole round arrives meanwhile: it waits for c's (at most the hold).
         var ab = CoreLink.connect(&a, &b, now: t0)
         try ab.settle(&a, &b, now: t0)
@@ -829,7 +829,7 @@ struct ReplicationCoreTests {
         let last = try #require(acks.last)
         #expect(last.1, "an ack after the first is incremental")
         #expect(last.0.replicas == [a.replicaID], "only the writer whose entry changed")
-        #expect(b.core.session(link.bSession)?.lastAckContext == a.state.context)
+        #expect(b.core.session(link.bSession)?.link?.lastAckContext == a.state.context)
     }
 
     @Test("a session that fails its TLS handshake is logged with its cause")

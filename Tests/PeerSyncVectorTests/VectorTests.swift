@@ -244,17 +244,22 @@ struct VectorTests {
         #expect(u64(receiver["features"]) == UInt64(HelloFeatures([.deflatedChunks, .eventCounters]).rawValue))
         #expect(replica(receiver["replica"]) == Fixed.b && u64(receiver["wallClock"]) == Fixed.t0)
         var established = Self.machine()
-        let opened = established.receive(type: validHello.type, body: validHello.body, now: Fixed.t0)
-        guard case .established? = opened.first else { Issue.record("the vector hello is not accepted: \(opened)"); return }
+        let opened = established.receive(type: validHello.type, body: validHello.body, now: Fixed.t0, in: .awaitingHello)
+        guard case .helloAccepted? = opened.first else { Issue.record("the vector hello is not accepted: \(opened)"); return }
         for v in file["decodeOnly"] as! [JSON] {
             let (type, body) = try Self.frame(v["frame"])
             #expect(hex(try Message.decode(type: type, body: body).encodedFrame()) == v["equals"] as! String, "\(v["name"]!)")
         }
         for v in file["invalid"] as! [JSON] {
             var machine = Self.machine()
-            if v["after"] as! String == "hello" { _ = machine.receive(type: validHello.type, body: validHello.body, now: Fixed.t0) }
+            // After the hello: a session waiting for the peer's auth, as a node's is then.
+            var phase = PeerSession.Phase.awaitingHello
+            if v["after"] as! String == "hello" {
+                _ = machine.receive(type: validHello.type, body: validHello.body, now: Fixed.t0, in: phase)
+                phase = .authenticating
+            }
             let (type, body) = try Self.frame(v["frame"])
-            let actions = machine.receive(type: type, body: body, now: Fixed.t0)
+            let actions = machine.receive(type: type, body: body, now: Fixed.t0, in: phase)
             guard case .close(let reason, _, let notify)? = actions.last else {
                 Issue.record("\(v["name"]!): not refused (\(actions))")
                 continue

@@ -10,8 +10,13 @@ extension ReplicationCore {
 
     /// The peer's hello passed the protocol checks: check its group and device key, and prove
     /// our own key (auth). The session waits for the peer's auth.
-    mutating func authenticate(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: ReplicaState) -> [Action] {
-        sessions[id]!.outbound.relativeEventCounters = hello.features.contains(.eventCounters)
+    mutating func authenticate(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: some ReplicaView) -> [Action] {
+        guard var session = sessions[id] else { return [] }
+        session.outbound.relativeEventCounters = hello.features.contains(.eventCounters)
+        // The hello is the session's from here on, also if it is refused below (its logs name the peer).
+        var handshake = PeerSession.Handshake(hello: hello)
+        session.state = .authenticating(handshake)
+        sessions[id] = session
         let group = settings.identity.groupID
         guard hello.groupID == group.bytes else {
             return refuse(id, .notAdmitted, "the peer belongs to another sync group", now: now)
@@ -19,12 +24,11 @@ extension ReplicationCore {
         guard let key = hello.deviceKey.flatMap(DevicePublicKey.init(x963:)) else {
             return refuse(id, .malformed, "the hello's device key is not a P-256 point", now: now)
         }
-        var session = sessions[id]!
         if let transport = session.origin.transportDevice, transport != key.deviceID {
             return refuse(id, .notAdmitted, "the hello's device key is not the one the TLS certificate carries", now: now)
         }
-        session.peerKey = key
-        session.phase = .authenticating
+        handshake.key = key
+        session.state = .authenticating(handshake)
         session.out.auth = SessionAuth.sign(key: settings.identity.key, ownNonce: session.nonce, peerNonce: hello.nonce ?? [],
                                             own: settings.localReplica, group: group)
         // The peer's store lacks writes in its own name that this node holds: it was put back
@@ -37,12 +41,15 @@ extension ReplicationCore {
         return [.wake(id)]
     }
 
-    /// The peer's auth: verify it, then ask the roster.
-    mutating func admit(_ id: SessionID, signature: [UInt8], now: MonotonicInstant, state: ReplicaState) -> [Action] {
-        let session = sessions[id]!
-        guard session.phase == .authenticating, let key = session.peerKey, let hello = session.peer else {
+    /// The peer's auth: verify it, then ask the roster. `lostSince`: its store was restored (§6.9).
+    mutating func admit(_ id: SessionID, signature: [UInt8], lostSince: UInt64?, now: MonotonicInstant,
+                        state: some ReplicaView) -> [Action] {
+        guard let session = sessions[id], case .authenticating(var handshake) = session.state, let key = handshake.key else {
             return refuse(id, .malformed, "auth out of place", now: now)
         }
+        let hello = handshake.hello
+        handshake.lostSince = lostSince
+        sessions[id]?.state = .authenticating(handshake)
         guard SessionAuth.verify(signature, key: key, peerNonce: hello.nonce ?? [], ownNonce: session.nonce,
                                  peer: hello.replicaID, group: settings.identity.groupID) else {
             return refuse(id, .notAdmitted, "authentication failed: the peer does not hold the device key it names", now: now)
@@ -50,27 +57,27 @@ extension ReplicationCore {
         // A device of a group upgraded from a shared secret enrolled itself, offline: a peer that
         // has not seen that entry yet learns it here (to a peer that has, it is harmless).
         if settings.identity.legacySecret != nil, let enrol = ownLegacyEnrol {
-            sessions[id]!.out.join = [enrol]
+            sessions[id]?.out.join = [enrol]
         }
         switch roster.admission(of: key.deviceID, pendingJoin: settings.identity.pendingJoin) {
         case .refused(let reason, let text):
             return refuse(id, reason, text, now: now)
         case .candidate:
-            sessions[id]!.phase = .joining
+            sessions[id]?.state = .joining(handshake)
             let asked = CoreLog(.info, "an unknown device asks to join", sessionMetadata(session, ["peer.device": key.deviceID.shortForm]))
             // Our own legacy enrolment (set above) goes out now: the peer may not know us either.
-            return sessions[id]!.out.join == nil ? [.log(asked)] : [.log(asked), .wake(id)]
+            return sessions[id]?.out.join == nil ? [.log(asked)] : [.log(asked), .wake(id)]
         case .member:
             var actions = register(id, hello: hello, now: now, state: state)
             guard sessions[id]?.phase == .established else { return actions }
             if let join = settings.identity.pendingJoin {
                 if key.deviceID == join.inviter {
-                    sessions[id]!.out.join = [join.entry]
+                    sessions[id]?.out.join = [join.entry]
                     actions.append(.wake(id))
                 }
-            } else if sessions[id]!.out.join == nil, let proof = proofOfAdmission(for: hello, device: key.deviceID, state: state) {
+            } else if sessions[id]?.out.join == nil, let proof = proofOfAdmission(for: hello, device: key.deviceID, state: state) {
                 // Before any data (the round is planned in a later batch): the peer may not know us.
-                sessions[id]!.out.join = proof.map(\.bytes)
+                sessions[id]?.out.join = proof.map(\.bytes)
                 actions.append(.wake(id))
             }
             return actions
@@ -92,13 +99,13 @@ extension ReplicationCore {
     /// enrol passes the live checks of a fresh join (its invite open at this node's wall clock,
     /// unused, unrevoked): an enrol's own timestamp could be backdated.
     mutating func join(_ id: SessionID, entries bytes: [[UInt8]], now: MonotonicInstant, wallClock: UInt64,
-                       state: ReplicaState) -> [Action] {
-        let session = sessions[id]!
-        guard session.phase == .joining, let device = session.peerKey?.deviceID, let hello = session.peer else {
-            // A joiner sends its entry once admitted by its inviter, a member its proof after
-            // admitting us; a peer that knows the sender already ignores them.
-            return session.phase == .established ? [] : refuse(id, .malformed, "join out of place", now: now)
+                       state: some ReplicaView) -> [Action] {
+        // A joiner sends its entry once admitted by its inviter, a member its proof after admitting
+        // us; a peer that knows the sender already ignores them (the machine's rules).
+        guard let session = sessions[id], case .joining(let handshake) = session.state, let device = handshake.key?.deviceID else {
+            return refuse(id, .malformed, "join out of place", now: now)
         }
+        let hello = handshake.hello
         var entries: [RosterEntry] = []
         for raw in bytes {
             do {
@@ -150,10 +157,11 @@ extension ReplicationCore {
 
     /// The entries admitting the session's device are committed (and in `roster`): the session
     /// becomes a member's.
-    mutating func joinerAdmitted(_ id: SessionID, roster: Roster, now: MonotonicInstant, state: ReplicaState) -> [Action] {
+    mutating func joinerAdmitted(_ id: SessionID, roster: Roster, now: MonotonicInstant, state: some ReplicaView) -> [Action] {
         self.roster = roster
         let judged = judgeHeldReports()
-        guard let session = sessions[id], session.phase == .joining, let hello = session.peer else { return judged }
+        guard let session = sessions[id], case .joining(let handshake) = session.state else { return judged }
+        let hello = handshake.hello
         return judged + register(id, hello: hello, now: now, state: state) + startCommitIfIdle(state: state, now: now)
     }
 
@@ -181,7 +189,7 @@ extension ReplicationCore {
     /// delta names must be claimed by a device (``RecordMap/unclaimedReplica(roster:known:claimedElsewhere:)``);
     /// a removed device's writes beyond its cutoff are dropped (their dots stay known, so nobody
     /// offers them again).
-    mutating func admitData(_ delta: RecordMap, from id: SessionID, now: MonotonicInstant, state: ReplicaState) -> DataAdmission {
+    mutating func admitData(_ delta: RecordMap, from id: SessionID, now: MonotonicInstant, state: some ReplicaView) -> DataAdmission {
         if let violation = delta.limitViolation {
             return .refused(refuse(id, .malformed, "the delta breaks a limit: \(violation)", now: now))
         }
@@ -235,7 +243,7 @@ extension ReplicationCore {
     }
 
     /// Admits an established session under the duplicate rule and queues its catch-up.
-    mutating func register(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: ReplicaState) -> [Action] {
+    mutating func register(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: some ReplicaView) -> [Action] {
         var actions: [Action] = []
         if let restored = refuseIfRestored(id, hello: hello, now: now, state: state) { return restored }
         if established[hello.replicaID] == nil, established.count >= settings.limits.sessions {
@@ -244,21 +252,19 @@ extension ReplicationCore {
         if let existingID = established[hello.replicaID], let existing = sessions[existingID] {
             // Of two sessions between one pair, the one dialed by the lower replica ID survives
             // (if both were dialed by the same side, the newer one); both ends decide alike.
-            let newDialer = sessions[id]!.origin.initiator ? settings.localReplica : hello.replicaID
+            let newDialer = sessions[id]?.origin.initiator == true ? settings.localReplica : hello.replicaID
             let oldDialer = existing.origin.initiator ? settings.localReplica : hello.replicaID
             let keepNew = newDialer == oldDialer ? true : newDialer < oldDialer
             let loser = keepNew ? existingID : id
-            var session = sessions[loser]!
-            session.close(with: .goodbye(.duplicateConnection, "another connection to this peer is kept"), reason: .duplicate, now: now)
-            sessions[loser] = session
+            sessions[loser]?.close(with: .goodbye(.duplicateConnection, "another connection to this peer is kept"), reason: .duplicate,
+                                   now: now)
             actions.append(.wake(loser))
             if !keepNew { return actions }
             established[hello.replicaID] = nil
         }
-        var session = sessions[id]!
-        session.phase = .established
-        session.peerMaxFrame = Int(min(hello.maxFrameBytes, UInt64(Int32.max)))
-        session.delivered.merge(hello.context)
+        guard var session = sessions[id], let handshake = session.handshake else { return actions }
+        session.state = .established(handshake, PeerSession.Link(maxFrame: Int(min(hello.maxFrameBytes, UInt64(Int32.max))),
+                                                                  delivered: hello.context))
         // A peer whose context lacks part of the stable context this replica compacted with is
         // from the past (a store put back from a backup; a new device): it gets every record held
         // here, marked complete, so it can delete what the group purged meanwhile (§6.5).
@@ -269,7 +275,6 @@ extension ReplicationCore {
         session.out.push(catchUp: extract, stable: complete ? purged : nil)
         // Reports first: a peer put back from a backup learns from them before the round (§19).
         if hello.features.contains(.signedReports), settings.signedReports { session.out.gossipDue = true }
-        sessions[id] = session
         session.announced = true
         sessions[id] = session
         established[hello.replicaID] = id
@@ -286,15 +291,16 @@ extension ReplicationCore {
     /// The peer has writes in our name we do not: this store was restored from an older copy (or
     /// copied, and the copy wrote). Writing on under this ID would reuse dots: refuse, and let the
     /// engine begin a new incarnation. Nil if not.
-    mutating func refuseIfRestored(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: ReplicaState) -> [Action]? {
+    mutating func refuseIfRestored(_ id: SessionID, hello: Hello, now: MonotonicInstant, state: some ReplicaView) -> [Action]? {
         let issued = state.context.maxCounter(of: settings.localReplica)
         let known = hello.context.maxCounter(of: settings.localReplica)
         guard known > issued else { return nil }
-        let info = PeerInfo(replicaID: hello.replicaID, name: hello.name, address: sessions[id]!.origin.address,
-                            dialed: sessions[id]!.origin.initiator)
+        guard let session = sessions[id] else { return [] }
+        let info = PeerInfo(replicaID: hello.replicaID, name: hello.name, address: session.origin.address,
+                            dialed: session.origin.initiator)
         return refuse(id, .replicaRestored, "the peer knows \(known) writes by this replica, this store has \(issued)", now: now)
             + [.event(.restoredStoreDetected(info, replica: settings.localReplica, peerKnows: known, localHas: issued,
-                                             lostSince: sessions[id]!.peerLostSince))]
+                                             lostSince: session.handshake?.lostSince))]
     }
 
     /// The replicas with an established session, sorted.
@@ -304,7 +310,7 @@ extension ReplicationCore {
     mutating func announceNeighbors() -> [Action] {
         var actions: [Action] = []
         for id in established.values.sorted() {
-            sessions[id]!.out.ackDue = true
+            sessions[id]?.out.ackDue = true
             actions.append(.wake(id))
         }
         return actions

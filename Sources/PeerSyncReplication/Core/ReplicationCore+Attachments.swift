@@ -49,64 +49,52 @@ struct AttachmentCoreState {
 }
 
 extension ReplicationCore {
-    /// Whether a frame of `type` is an attachment message this node reads (without the feature,
-    /// types 13–15 are unknown and close the session, as they do on a node that predates them).
-    func readsAttachmentMessage(_ type: UInt8) -> Bool {
-        settings.attachments && AttachmentWireLimits.kinds.contains(type)
-    }
-
     // MARK: - Inbound
 
-    /// One attachment message from the peer of an established session.
-    mutating func receiveAttachment(_ id: SessionID, type: UInt8, body: [UInt8], now: MonotonicInstant) -> [Action] {
-        guard let session = sessions[id], session.phase == .established, let peer = session.peer?.replicaID else {
-            return refuse(id, .malformed, "attachment message before admission", now: now)
+    /// A peer asks for a range of an attachment (its session is established: the machine's rules).
+    mutating func attachmentRequested(_ id: SessionID, _ request: AttachmentRequestBody) -> [Action] {
+        guard let maxFrame = sessions[id]?.link?.maxFrame, let hash = AttachmentHash(bytes: request.hash) else { return [] }
+        guard attachmentState.serving[id, default: 0] < settings.limits.attachmentServesPerSession else {
+            queue(Frame.encode(type: AttachmentWireLimits.unavailableKind, body: encodeAttachmentUnavailable(hash: request.hash)), to: id)
+            return [.wake(id)]
         }
-        do {
-            switch type {
-            case AttachmentWireLimits.requestKind:
-                let request = try decodeAttachmentRequest(body)
-                let hash = AttachmentHash(bytes: request.hash)!
-                guard attachmentState.serving[id, default: 0] < settings.limits.attachmentServesPerSession else {
-                    queue(Frame.encode(type: AttachmentWireLimits.unavailableKind, body: encodeAttachmentUnavailable(hash: request.hash)),
-                          to: id)
-                    return [.wake(id)]
-                }
-                attachmentState.serving[id, default: 0] += 1
-                // The answer must fit the peer's frames.
-                let length = min(Int(request.length), session.peerMaxFrame - AttachmentWireLimits.dataFrameOverhead)
-                return [.attachmentIO(.serve(id, hash, offset: Int64(request.offset), length: length))]
-            case AttachmentWireLimits.dataKind:
-                let data = try decodeAttachmentData(body)
-                let hash = AttachmentHash(bytes: data.hash)!
-                attachmentState.bytesReceived += data.bytes.count
-                let asked = attachmentState.requested[hash]
-                if asked?.peer == peer { attachmentState.requested[hash] = nil }
-                let actions = transferHandle(.received(from: peer, hash, offset: Int64(data.offset), total: Int64(data.total),
-                                                       bytes: data.bytes))
-                let stored = actions.contains { if case .attachmentIO(.write(hash, _, _)) = $0 { true } else { false } }
-                guard stored else {
-                    return [.log(CoreLog(.warning, "attachment bytes refused: not the range asked for, or not the attachment's size",
-                                         sessionMetadata(session, ["attachment.hash": hash.hex, "attachment.offset": "\(data.offset)",
-                                                                   "attachment.bytes": "\(data.bytes.count)",
-                                                                   "attachment.total": "\(data.total)"])))] + actions
-                }
-                return actions
-            default:
-                let hash = AttachmentHash(bytes: try decodeAttachmentUnavailable(body))!
-                if attachmentState.requested[hash]?.peer == peer { attachmentState.requested[hash] = nil }
-                return transferHandle(.peerLacks(peer, hash))
-            }
-        } catch {
-            return refuse(id, .malformed, "\(error)", now: now)
+        attachmentState.serving[id, default: 0] += 1
+        // The answer must fit the peer's frames.
+        let length = min(Int(request.length), maxFrame - AttachmentWireLimits.dataFrameOverhead)
+        return [.attachmentIO(.serve(id, hash, offset: Int64(request.offset), length: length))]
+    }
+
+    /// Bytes of an attachment from a peer.
+    mutating func attachmentDataReceived(_ id: SessionID, _ data: AttachmentDataBody) -> [Action] {
+        guard let session = sessions[id], let peer = session.peer?.replicaID, let hash = AttachmentHash(bytes: data.hash) else {
+            return []
         }
+        attachmentState.bytesReceived += data.bytes.count
+        let asked = attachmentState.requested[hash]
+        if asked?.peer == peer { attachmentState.requested[hash] = nil }
+        let actions = transferHandle(.received(from: peer, hash, offset: Int64(data.offset), total: Int64(data.total), bytes: data.bytes))
+        let stored = actions.contains { if case .attachmentIO(.write(hash, _, _)) = $0 { true } else { false } }
+        guard stored else {
+            return [.log(CoreLog(.warning, "attachment bytes refused: not the range asked for, or not the attachment's size",
+                                 sessionMetadata(session, ["attachment.hash": hash.hex, "attachment.offset": "\(data.offset)",
+                                                           "attachment.bytes": "\(data.bytes.count)",
+                                                           "attachment.total": "\(data.total)"])))] + actions
+        }
+        return actions
+    }
+
+    /// A peer does not have an attachment this side asked it for.
+    mutating func attachmentUnavailable(_ id: SessionID, hash bytes: [UInt8]) -> [Action] {
+        guard let peer = sessions[id]?.peer?.replicaID, let hash = AttachmentHash(bytes: bytes) else { return [] }
+        if attachmentState.requested[hash]?.peer == peer { attachmentState.requested[hash] = nil }
+        return transferHandle(.peerLacks(peer, hash))
     }
 
     // MARK: - Sessions
 
     /// A session was admitted: the first one scans the state for references; a peer that
     /// announced the feature becomes a source of bytes.
-    mutating func attachmentPeerAdmitted(_ id: SessionID, hello: Hello, state: ReplicaState) -> [Action] {
+    mutating func attachmentPeerAdmitted(_ id: SessionID, hello: Hello, state: some ReplicaView) -> [Action] {
         guard settings.attachments else { return [] }
         var actions: [Action] = []
         if !attachmentState.scanned {
@@ -136,7 +124,7 @@ extension ReplicationCore {
 
     /// Records changed (a commit of peers' deltas, a local change): fetch what the visible ones
     /// reference and this node has not looked at yet.
-    mutating func attachmentsReferenced(in keys: some Sequence<RecordKey>, state: ReplicaState) -> [Action] {
+    mutating func attachmentsReferenced(in keys: some Sequence<RecordKey>, state: some ReplicaView) -> [Action] {
         guard settings.attachments, attachmentState.scanned else { return [] }
         var found: Set<Attachment> = []
         for key in keys {
@@ -147,7 +135,7 @@ extension ReplicationCore {
     }
 
     /// The whole state changed (reloaded from disk): look at every reference again.
-    mutating func attachmentsRescan(state: ReplicaState) -> [Action] {
+    mutating func attachmentsRescan(state: some ReplicaView) -> [Action] {
         guard settings.attachments, attachmentState.scanned else { return [] }
         var found: Set<Attachment> = []
         for (_, record) in state.records.allRecords where record.isVisible {
@@ -257,8 +245,8 @@ extension ReplicationCore {
     /// Appends queued attachment frames to what the session's writer gets (after the sync
     /// messages: records go first), up to about `budget` bytes, at least one frame.
     mutating func appendAttachmentFrames(_ id: SessionID, to batch: OutboundBatch?, budget: Int, now: MonotonicInstant) -> OutboundBatch? {
-        guard var pending = attachmentState.frames[id], !pending.isEmpty, var session = sessions[id],
-              session.phase == .established, batch?.closeAfter != true else { return batch }
+        guard var pending = attachmentState.frames[id], !pending.isEmpty, sessions[id]?.phase == .established,
+              batch?.closeAfter != true else { return batch }
         var bytes = batch?.bytes ?? []
         var added = 0
         var addedBytes = 0
@@ -269,10 +257,9 @@ extension ReplicationCore {
             addedBytes += next.count
         }
         attachmentState.frames[id] = pending.isEmpty ? nil : pending
-        session.lastSent = now
-        session.framesSent += added
-        session.bytesSent += addedBytes
-        sessions[id] = session
+        sessions[id]?.lastSent = now
+        sessions[id]?.framesSent += added
+        sessions[id]?.bytesSent += addedBytes
         return OutboundBatch(bytes: bytes, frames: (batch?.frames ?? 0) + added, closeAfter: false)
     }
 

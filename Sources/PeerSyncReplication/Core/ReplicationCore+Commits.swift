@@ -31,7 +31,7 @@ extension ReplicationCore {
         var fromRound: Bool { roundBytes != nil }
     }
 
-    mutating func startCommitIfIdle(state: ReplicaState, now: MonotonicInstant) -> [Action] {
+    mutating func startCommitIfIdle(state: some ReplicaView, now: MonotonicInstant) -> [Action] {
         guard inFlight == nil, !queued.isEmpty else { return [] }
         if let hold = holdForRounds(now: now) { return hold }
         commitHeldSince = nil
@@ -51,7 +51,7 @@ extension ReplicationCore {
     }
 
     /// The hold of ``SyncTiming/roundCommitHold`` is over: commit what waits.
-    mutating func commitDue(now: MonotonicInstant, state: ReplicaState) -> [Action] {
+    mutating func commitDue(now: MonotonicInstant, state: some ReplicaView) -> [Action] {
         startCommitIfIdle(state: state, now: now)
     }
 
@@ -69,10 +69,12 @@ extension ReplicationCore {
         guard limit > .zero, soloCommits == 0, queued.allSatisfy(\.fromRound) else { return nil }
         var bytes = 0
         var arriving = false
-        for session in sessions.values where session.phase == .established && !session.batch.isEmpty
-            || session.firstRoundPending && [.authenticating, .joining, .established].contains(session.phase) {
+        for session in sessions.values {
+            let link = session.link
+            guard session.phase == .established && link?.batch.isEmpty == false
+                || session.firstRoundPending && [.authenticating, .joining, .established].contains(session.phase) else { continue }
             arriving = true
-            bytes += session.batchBytes
+            bytes += link?.batchBytes ?? 0
         }
         guard arriving else { return nil }
         for part in queued { bytes += part.roundBytes ?? 0 }
@@ -84,13 +86,13 @@ extension ReplicationCore {
         if now - since < limit { return [] }
         // A first round still owed at the hold's end is not waited for again: a peer that
         // never sends it costs the others' rounds one hold, not one per commit.
-        for id in sessions.keys where sessions[id]!.firstRoundPending { sessions[id]!.firstRoundPending = false }
+        for id in sessions.keys where sessions[id]?.firstRoundPending == true { sessions[id]?.firstRoundPending = false }
         return nil
     }
 
     /// The in-flight commit is durable; `outcomes` has one entry per delta, in order; `state` is
     /// the state after it.
-    mutating func committed(_ id: UInt64, outcomes: [MergeOutcome], state: ReplicaState, now: MonotonicInstant) -> [Action] {
+    mutating func committed(_ id: UInt64, outcomes: [MergeOutcome], state: some ReplicaView, now: MonotonicInstant) -> [Action] {
         guard let request = inFlight, request.id == id else { return [] }
         inFlight = nil
         lastActivity = now
@@ -103,9 +105,9 @@ extension ReplicationCore {
                 let outcome = index < outcomes.count ? outcomes[index] : MergeOutcome()
                 index += 1
                 partOutcome.absorb(outcome)
-                sessions[part.session]?.delivered.merge(delta.context)
-                for key in outcome.droppedEchoes where (sessions[part.session]?.echoesDropped.count ?? 100) < 100 {
-                    sessions[part.session]!.echoesDropped.insert(key)
+                sessions[part.session]?.withLink { link in
+                    link.delivered.merge(delta.context)
+                    for key in outcome.droppedEchoes where link.echoesDropped.count < 100 { link.echoesDropped.insert(key) }
                 }
                 let grew = !contextBeforeCommit.includes(delta.context)
                 if !outcome.isEmpty || grew { news.append(delta) }
@@ -115,14 +117,13 @@ extension ReplicationCore {
             } else {
                 for delta in news { actions += forward([delta], from: part.session, state: state) }
             }
-            guard var session = sessions[part.session] else { continue }
-            session.changedSinceDigest = true
+            guard sessions[part.session] != nil else { continue }
+            sessions[part.session]?.withLink { $0.changedSinceDigest = true }
             if part.endsRound {
-                session.out.ackDue = true
+                sessions[part.session]?.out.ackDue = true
                 actions.append(.wake(part.session))
             }
-            sessions[part.session] = session
-            if !partOutcome.isEmpty, let info = session.info { actions.append(.event(.remoteChange(partOutcome, from: info))) }
+            if !partOutcome.isEmpty, let info = sessions[part.session]?.info { actions.append(.event(.remoteChange(partOutcome, from: info))) }
         }
         actions += attachmentsReferenced(in: outcomes.lazy.flatMap { $0.changedRecords }, state: state)
         pruneProvisionalClaims()
@@ -134,7 +135,7 @@ extension ReplicationCore {
     ///
     /// `refused`: the store refused the data (it breaks a bound): the sending peer broke a rule.
     /// In a group commit of several sessions, each is retried alone so only the culprit is closed.
-    mutating func commitFailed(_ id: UInt64, error: String, refused: Bool, now: MonotonicInstant, state: ReplicaState) -> [Action] {
+    mutating func commitFailed(_ id: UInt64, error: String, refused: Bool, now: MonotonicInstant, state: some ReplicaView) -> [Action] {
         guard let request = inFlight, request.id == id else { return [] }
         inFlight = nil
         if refused {
@@ -160,7 +161,7 @@ extension ReplicationCore {
     // MARK: - Local changes and forwarding
 
     /// A committed local change: to every established peer.
-    mutating func broadcast(_ delta: RecordMap, state: ReplicaState, now: MonotonicInstant) -> [Action] {
+    mutating func broadcast(_ delta: RecordMap, state: some ReplicaView, now: MonotonicInstant) -> [Action] {
         if !established.isEmpty { lastActivity = now }
         var actions: [Action] = []
         for id in established.values.sorted() {
@@ -175,8 +176,8 @@ extension ReplicationCore {
     mutating func resyncAll() -> [Action] {
         var actions: [Action] = []
         for id in established.values.sorted() {
-            sessions[id]!.out.resync = true
-            sessions[id]!.changedSinceDigest = true
+            sessions[id]?.out.resync = true
+            sessions[id]?.withLink { $0.changedSinceDigest = true }
             actions.append(.wake(id))
         }
         return actions
@@ -186,17 +187,18 @@ extension ReplicationCore {
     /// part of a catch-up round) to every other peer that may lack it — except a peer that made
     /// it or that is directly connected to every replica that made it (acks carry neighbour
     /// lists); the decision is the same for every delta of a part.
-    mutating func forward(_ deltas: [RecordMap], from source: SessionID, state: ReplicaState) -> [Action] {
+    mutating func forward(_ deltas: [RecordMap], from source: SessionID, state: some ReplicaView) -> [Action] {
         // Nothing to decide with no peer but the source.
         guard !deltas.isEmpty, established.values.contains(where: { $0 != source }) else { return [] }
         // The origins are the writers of the records' dots (for a live delta: its writer).
         let origins = Self.origins(of: deltas)
         var actions: [Action] = []
         for id in established.values.sorted() where id != source {
-            let other = sessions[id]!
+            guard let other = sessions[id] else { continue }
             if !origins.isEmpty, other.hearsDirectly(from: origins) { continue }
+            let delivered = other.link?.delivered ?? CausalContext()
             var queued = false
-            for delta in deltas where delta.context.isEmpty || !other.delivered.includes(delta.context) {
+            for delta in deltas where delta.context.isEmpty || !delivered.includes(delta.context) {
                 enqueue(delta, to: id, state: state)
                 queued = true
             }
@@ -213,22 +215,22 @@ extension ReplicationCore {
     /// another; forwarding at once sent each replica's changes twice (W3 over TLS: 50 B/op of
     /// forwarded deltas beside 62 of chunks). A round is the sender's own: a relay never
     /// carries its context, so a peer's context never covers records it was not sent.
-    mutating func forward(round news: [RecordMap], from source: SessionID, state: ReplicaState, now: MonotonicInstant) -> [Action] {
+    mutating func forward(round news: [RecordMap], from source: SessionID, state: some ReplicaView, now: MonotonicInstant) -> [Action] {
         // Full-state mode (benchmarks) sends its whole state on every change anyway.
         if settings.transfer == .fullState { return forward(news, from: source, state: state) }
         guard !news.isEmpty, established.values.contains(where: { $0 != source }) else { return [] }
         let writers = Self.origins(of: news)
         var actions: [Action] = []
         for id in established.values.sorted() where id != source {
-            var other = sessions[id]!
-            guard writers.isEmpty || !other.hearsDirectly(from: writers) else { continue }
-            other.relayWriters.formUnion(writers)
-            if other.relayDue == nil {
-                let due = now + settings.timing.roundRelayDelay
-                other.relayDue = due
-                actions.append(.wakeAt(id, due))
+            guard let other = sessions[id], writers.isEmpty || !other.hearsDirectly(from: writers) else { continue }
+            let due = now + settings.timing.roundRelayDelay
+            let relay = sessions[id]?.withLink { link -> Bool in
+                link.relayWriters.formUnion(writers)
+                guard link.relayDue == nil else { return false }
+                link.relayDue = due
+                return true
             }
-            sessions[id] = other
+            if relay == true { actions.append(.wakeAt(id, due)) }
         }
         return actions
     }
@@ -258,16 +260,16 @@ extension ReplicationCore {
         return writers
     }
 
-    mutating func enqueue(_ delta: RecordMap, to id: SessionID, state: ReplicaState) {
-        sessions[id]!.changedSinceDigest = true
+    mutating func enqueue(_ delta: RecordMap, to id: SessionID, state: some ReplicaView) {
+        sessions[id]?.withLink { $0.changedSinceDigest = true }
         // A round queued for this peer that was extracted after the commit already carries it:
         // a live copy would only race ahead of the round (a joiner cannot check the roster
         // entries of an admission before the round brings the entries of their signers).
-        if let round = sessions[id]!.out.catchUp, !delta.context.isEmpty, round.context.includes(delta.context) { return }
+        if let round = sessions[id]?.out.catchUp, !delta.context.isEmpty, round.context.includes(delta.context) { return }
         if settings.transfer == .fullState {
-            sessions[id]!.out.push(catchUp: state.records, replacing: true)
+            sessions[id]?.out.push(catchUp: state.records, replacing: true)
         } else {
-            sessions[id]!.out.push(delta: delta, limit: settings.limits.outboxDeltaBytes)
+            sessions[id]?.out.push(delta: delta, limit: settings.limits.outboxDeltaBytes)
         }
     }
 }

@@ -11,20 +11,12 @@ import PeerSyncWire
 /// sends them on with its next digest round. Its own report is signed when its context grew
 /// since the last one, stored, and then gossiped (``refreshOwnReport(state:wallClock:)``).
 extension ReplicationCore {
-    /// A `seen` message from the peer of session `id`. A report another device's key does not
+    /// A `seen` message from the peer of established session `id`. A report another device's key does not
     /// sign, or for another group, or that a device makes for a replica another device claims
     /// closes the session (reason 15) and nothing of the message is kept; reports of devices or
     /// claims this roster does not have yet, of removed devices, and older ones, are left out.
-    mutating func receiveSeen(_ id: SessionID, body: [UInt8], now: MonotonicInstant) -> [Action] {
-        guard let session = sessions[id], session.phase == .established else {
-            return refuse(id, .notAdmitted, "seen before admission", now: now)
-        }
-        let reports: [SeenReport]
-        do throws(WireError) {
-            reports = try SeenMessage.decode(body: body)
-        } catch {
-            return refuse(id, .malformed, "\(error)", now: now)
-        }
+    mutating func receiveSeen(_ id: SessionID, reports: [SeenReport], now: MonotonicInstant) -> [Action] {
+        guard let session = sessions[id] else { return [] }
         var valid: [SeenReport] = []
         var skipped: [String] = []
         for report in reports {
@@ -46,8 +38,8 @@ extension ReplicationCore {
         }
         for report in valid where report.time > reportTimes[report.replica] ?? 0 { reportTimes[report.replica] = report.time }
         // The peer has what it sent: never sent back to it.
-        for report in reports where report.time > sessions[id]!.reportsSent[report.replica] ?? 0 {
-            sessions[id]!.reportsSent[report.replica] = report.time
+        sessions[id]?.withLink { link in
+            for report in reports where report.time > link.reportsSent[report.replica] ?? 0 { link.reportsSent[report.replica] = report.time }
         }
         if !valid.isEmpty { actions.append(.recordSeen(valid)) }
         return actions
@@ -82,7 +74,7 @@ extension ReplicationCore {
     /// speaks it sends it with its next digest round.
     mutating func gossipChanged(now: MonotonicInstant) -> [Action] {
         for id in established.values where sessions[id]?.peer?.features.contains(.signedReports) == true {
-            sessions[id]!.gossipPending = true
+            sessions[id]?.withLink { $0.gossipPending = true }
         }
         return []
     }
@@ -104,7 +96,7 @@ extension ReplicationCore {
     /// Signs a new report of this replica's context if it grew since the last one and a gossip
     /// round came since (at most one signature per round); the shell stores it, then calls
     /// ``ownReportSaved(_:now:)``. Its time is the wall clock, never below the last report's + 1.
-    mutating func refreshOwnReport(state: ReplicaState, wallClock: UInt64) -> [Action] {
+    mutating func refreshOwnReport(state: some ReplicaView, wallClock: UInt64) -> [Action] {
         guard settings.signedReports, !ownReportPending, let round = lastGossipRound, round != ownReportRound,
               ownReport?.context != state.context, !state.context.isEmpty else { return [] }
         ownReportRound = round
@@ -124,7 +116,7 @@ extension ReplicationCore {
         ownReport = report
         var actions: [Action] = []
         for id in established.values.sorted() where sessions[id]?.peer?.features.contains(.signedReports) == true {
-            sessions[id]!.out.gossipDue = true
+            sessions[id]?.out.gossipDue = true
             actions.append(.wake(id))
         }
         return actions
@@ -133,7 +125,7 @@ extension ReplicationCore {
     /// The newest time this node knows of writes or reports by `replica` beyond `counter` (what
     /// the peer's hello says it holds of its own writes): sent in the auth of a peer whose store
     /// was restored, so it can tell its writes since the restore from older ones (PROTOCOL §6.9).
-    func lostSince(of replica: ReplicaID, holding counter: UInt64, state: ReplicaState) -> UInt64? {
+    func lostSince(of replica: ReplicaID, holding counter: UInt64, state: some ReplicaView) -> UInt64? {
         guard state.context.maxCounter(of: replica) > counter else { return nil }
         let newest = [reportTimes[replica], state.records.newestWrite(by: replica, above: counter)].compactMap { $0 }.max()
         return newest

@@ -22,7 +22,7 @@ extension ReplicationCore {
     /// this side does (restored in place: its dots may be reused, so its context cannot be
     /// trusted); or the device refused this side as unknown before. The group's creator needs
     /// none (every store of its group holds the genesis).
-    mutating func proofOfAdmission(for hello: Hello, device: DeviceID, state: ReplicaState) -> [RosterEntry]? {
+    mutating func proofOfAdmission(for hello: Hello, device: DeviceID, state: some ReplicaView) -> [RosterEntry]? {
         if proof.computedAt != roster.entries.count {
             proof.entries = roster.admissionProof(of: settings.identity.key.deviceID)
             proof.computedAt = roster.entries.count

@@ -8,7 +8,7 @@ import PeerSyncWire
 extension ReplicationCore {
     /// A transport is connected: creates the session and queues this side's hello.
     /// `nonce`: 16 random bytes the peer will sign.
-    mutating func open(_ origin: SessionOrigin, now: MonotonicInstant, wallClock: UInt64, state: ReplicaState, nonce: [UInt8])
+    mutating func open(_ origin: SessionOrigin, now: MonotonicInstant, wallClock: UInt64, state: some ReplicaView, nonce: [UInt8])
         -> (SessionID, [Action])
     {
         let id = SessionID(nextSessionID)
@@ -19,7 +19,8 @@ extension ReplicationCore {
                           features: localFeatures)
         var session = PeerSession(
             id: id, origin: origin,
-            machine: SessionStateMachine(localReplica: settings.localReplica, maxClockSkewMilliseconds: skewMilliseconds),
+            machine: SessionStateMachine(localReplica: settings.localReplica, maxClockSkewMilliseconds: skewMilliseconds,
+                                         readsAttachments: settings.attachments, readsSeen: settings.signedReports),
             hello: hello, now: now)
         if shuttingDown {
             session.close(with: .goodbye(.shuttingDown, "node shutting down"), reason: .localShutdown, now: now)

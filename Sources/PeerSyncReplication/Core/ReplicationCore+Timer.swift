@@ -21,9 +21,7 @@ extension ReplicationCore {
         if let last = lastTick, now - last > timing.tick * 10 {
             let stall = now - last - timing.tick
             for id in sessions.keys {
-                sessions[id]!.lastReceived = min(now, sessions[id]!.lastReceived + stall)
-                sessions[id]!.openedAt = min(now, sessions[id]!.openedAt + stall)
-                if let since = sessions[id]!.closingSince { sessions[id]!.closingSince = min(now, since + stall) }
+                sessions[id]?.postpone(by: stall, until: now)
             }
         }
         lastTick = now
@@ -45,10 +43,10 @@ extension ReplicationCore {
         } ?? true)
         if gossipRound { lastGossipRound = now }
         for id in sessions.keys.sorted() {
-            var session = sessions[id]!
-            switch session.phase {
-            case .closing:
-                if let since = session.closingSince, now - since >= timing.closeDrainTimeout {
+            guard var session = sessions[id] else { continue }
+            switch session.state {
+            case .closing(let closing):
+                if now - closing.since >= timing.closeDrainTimeout {
                     actions.append(.closeTransport(id))
                 }
             case .awaitingHello, .authenticating, .joining:
@@ -57,30 +55,39 @@ extension ReplicationCore {
                     actions += refuse(id, .timeout, "\(what) within \(formatSeconds(timing.handshakeTimeout.millisecondsDouble / 1000))", now: now)
                     continue
                 }
-            case .established:
+            case .established(_, let link):
                 // A relay whose own wake was lost (the writer busy) goes with the next tick.
-                if let due = session.relayDue, now >= due { actions.append(.wake(id)) }
+                if let due = link.relayDue, now >= due { actions.append(.wake(id)) }
                 let silence = now - session.lastReceived
                 if silence >= timing.deadPeerTimeout {
                     actions += refuse(id, .timeout, "no frame for \(formatSeconds(silence.millisecondsDouble / 1000))", now: now)
                     continue
                 }
-                if gossipRound, session.gossipPending || session.changedSinceDigest {
-                    session.gossipPending = false
+                let (lastSent, pinging) = (session.lastSent, session.out.ping != nil)
+                let (gossip, digest, ack, ping) = session.withLink { link in
+                    let gossip = gossipRound && (link.gossipPending || link.changedSinceDigest)
+                    if gossip { link.gossipPending = false }
+                    let digest = link.changedSinceDigest && roundDue
+                    let ack = digest && link.ackOwed
+                    if digest { link.changedSinceDigest = false }
+                    if ack { link.ackOwed = false }
+                    var ping: UInt64?
+                    if !digest, now - lastSent >= timing.keepaliveInterval, !pinging {
+                        link.nextNonce += 1
+                        ping = link.nextNonce
+                    }
+                    return (gossip, digest, ack, ping)
+                } ?? (false, false, false, nil)
+                if gossip {
                     session.out.gossipDue = true
                     actions.append(.wake(id))
                 }
-                if session.changedSinceDigest, roundDue {
-                    session.changedSinceDigest = false
+                if digest {
                     session.out.digestDue = true
-                    if session.ackOwed {
-                        session.ackOwed = false
-                        session.out.ackDue = true
-                    }
+                    if ack { session.out.ackDue = true }
                     actions.append(.wake(id))
-                } else if now - session.lastSent >= timing.keepaliveInterval, session.out.ping == nil {
-                    session.nextNonce += 1
-                    session.out.ping = session.nextNonce
+                } else if let ping {
+                    session.out.ping = ping
                     actions.append(.wake(id))
                 }
                 sessions[id] = session
@@ -93,28 +100,30 @@ extension ReplicationCore {
 
     /// The next bytes for a session's transport (nil: nothing now). `skipped` reports fields too
     /// large for the peer's frames.
-    mutating func nextBatch(_ id: SessionID, budget: Int, now: MonotonicInstant, state: ReplicaState,
+    mutating func nextBatch(_ id: SessionID, budget: Int, now: MonotonicInstant, state: some ReplicaView,
                             gossip: () -> [SeenReport]? = { nil }) -> (OutboundBatch?, [Action]) {
-        guard var session = sessions[id] else { return (nil, []) }
+        // In place, never through a local copy of the session: what the batch adds to the
+        // session's link (its delivered context) and takes from its queue would copy them.
+        guard sessions[id] != nil else { return (nil, []) }
         var actions: [Action] = []
-        session.takeDueRelay(now: now)
-        if !session.out.pendingDeltas.isEmpty || session.out.catchUp != nil || session.out.nextCatchUp != nil || session.out.resync {
+        sessions[id]?.takeDueRelay(now: now)
+        if let out = sessions[id]?.out, !out.pendingDeltas.isEmpty || out.catchUp != nil || out.nextCatchUp != nil || out.resync {
             lastActivity = now
         }
-        let neighbors = neighborList
-        let address = session.origin.address
-        let heldBefore = session.deltasHeldUntil
-        let batch = session.nextBatch(
-            budget: budget, state: state, neighbors: neighbors, chunkTarget: settings.limits.chunkTargetBytes,
-            deflateChunks: settings.deflateChunks, now: now, coalescing: settings.timing.deltaCoalescing,
-            coalescingCount: settings.timing.deltaCoalescingCount, gossip: gossip
+        let (neighbors, localReplica, limits, timing, deflate) = (neighborList, settings.localReplica, settings.limits, settings.timing,
+                                                                 settings.deflateChunks)
+        let address = sessions[id]?.origin.address ?? ""
+        let heldBefore = sessions[id]?.link?.deltasHeldUntil
+        let batch = sessions[id]?.nextBatch(
+            budget: budget, state: state, localReplica: localReplica, neighbors: neighbors, chunkTarget: limits.chunkTargetBytes,
+            deflateChunks: deflate, now: now, coalescing: timing.deltaCoalescing, coalescingCount: timing.deltaCoalescingCount,
+            gossip: gossip
         ) { key, field in
             actions.append(.log(CoreLog(.warning, "a field is too large for the peer's frames and is not sent to it",
                                         ["record": "\(key)", "field": field, "peer.address": address])))
         }
         // Deltas held back to share a frame: the writer is woken when they may go.
-        if let until = session.deltasHeldUntil, until != heldBefore { actions.append(.wakeAt(id, until)) }
-        sessions[id] = session
+        if let until = sessions[id]?.link?.deltasHeldUntil, until != heldBefore { actions.append(.wakeAt(id, until)) }
         return (appendAttachmentFrames(id, to: batch, budget: budget, now: now), actions)
     }
 

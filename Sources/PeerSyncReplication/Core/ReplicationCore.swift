@@ -136,7 +136,7 @@ struct ReplicationCore {
     /// `startingCommit` false: what it queued waits for ``startCommitIfIdle(state:now:)`` after
     /// the last frame of the same read, so deltas that shared a TLS record share a commit.
     mutating func receive(
-        _ id: SessionID, type: UInt8, body: [UInt8], now: MonotonicInstant, wallClock: UInt64, state: ReplicaState,
+        _ id: SessionID, type: UInt8, body: [UInt8], now: MonotonicInstant, wallClock: UInt64, state: some ReplicaView,
         startingCommit: Bool = true
     ) -> [Action] {
         let actions = handle(id, type: type, body: body, now: now, wallClock: wallClock, state: state)
@@ -144,142 +144,162 @@ struct ReplicationCore {
     }
 
     private mutating func handle(
-        _ id: SessionID, type: UInt8, body: [UInt8], now: MonotonicInstant, wallClock: UInt64, state: ReplicaState
+        _ id: SessionID, type: UInt8, body: [UInt8], now: MonotonicInstant, wallClock: UInt64, state: some ReplicaView
     ) -> [Action] {
         // In place, never through a local copy of the session: a copy alive while a chunk is
         // appended to its batch would make every append copy the whole batch (a 100k-record
         // round took minutes).
         guard let phase = sessions[id]?.phase, phase != .closing else { return [] }
-        sessions[id]!.lastReceived = now
-        sessions[id]!.framesReceived += 1
-        sessions[id]!.bytesReceived += body.count + 1 + Varint.size(of: UInt64(body.count + 1))
-        if readsAttachmentMessage(type) {
-            return receiveAttachment(id, type: type, body: body, now: now)
-        }
-        if settings.signedReports, type == SeenMessage.kind {
-            return receiveSeen(id, body: body, now: now)
-        }
-        let decisions = sessions[id]!.machine.receive(type: type, body: body, now: wallClock)
+        sessions[id]?.lastReceived = now
+        sessions[id]?.framesReceived += 1
+        sessions[id]?.bytesReceived += body.count + 1 + Varint.size(of: UInt64(body.count + 1))
+        // The one dispatch: the frame is decoded and checked against the phase's rules there.
+        let decisions = sessions[id]?.machine.receive(type: type, body: body, now: wallClock, in: phase) ?? []
         var actions: [Action] = []
         for decision in decisions {
             actions += carryOut(decision, session: id, now: now, wallClock: wallClock, state: state)
-            if sessions[id] == nil || sessions[id]!.phase == .closing { break }
+            if sessions[id].map({ $0.phase == .closing }) ?? true { break }
         }
         actions += queuedLogs.map { .log($0) }
         queuedLogs = []
         return actions
     }
 
+    /// Carries out what a frame means; the machine checked it against the session's phase.
     mutating func carryOut(
         _ decision: SessionStateMachine.Action, session id: SessionID, now: MonotonicInstant, wallClock: UInt64,
-        state: ReplicaState
+        state: some ReplicaView
     ) -> [Action] {
         switch decision {
         case .send(.pong(let nonce)):
-            sessions[id]!.out.pong = nonce
+            sessions[id]?.out.pong = nonce
             return [.wake(id)]
         case .send:
             return []
-        case .established(let hello):
+        case .helloAccepted(let hello):
             // The peer holds events this replica lacks: once admitted, it sends them in a round.
-            sessions[id]!.firstRoundPending = !state.context.includes(hello.context)
+            sessions[id]?.firstRoundPending = !state.context.includes(hello.context)
             return authenticate(id, hello: hello, now: now, state: state)
         case .auth(let signature, let lostSince):
-            sessions[id]!.peerLostSince = lostSince
-            return admit(id, signature: signature, now: now, state: state)
+            return admit(id, signature: signature, lostSince: lostSince, now: now, state: state)
         case .join(let entries):
             return join(id, entries: entries, now: now, wallClock: wallClock, state: state)
-        case .applyChunk(var delta, let index, let count, let records, let stable):
-            lastActivity = now
-            guard sessions[id]!.phase == .established else { return refuse(id, .notAdmitted, "data before admission", now: now) }
-            if let refusal = ownNameRefusal(delta, state: state) { return refuse(id, .malformed, refusal, now: now) }
-            // A complete round (PROTOCOL §6.5): note every record it carries, as the peer sent it.
-            if index == 0 { sessions[id]!.completeRound = stable.map { CompleteRound(stable: $0, keys: []) } }
-            if sessions[id]!.completeRound != nil {
-                for (collection, records) in delta.collections {
-                    for id2 in records.keys { sessions[id]!.completeRound!.keys.insert(RecordKey(collection: collection, id: id2)) }
-                }
-            }
-            switch admitData(delta, from: id, now: now, state: state) {
-            case .refused(let actions): return actions
-            case .admitted(let admitted): delta = admitted
-            }
-            // In place: a copy of the session would copy the batch array per chunk (quadratic in
-            // the chunks of a round).
-            sessions[id]!.batch.append(delta)
-            sessions[id]!.batchBytes += delta.approximateWireBytes
-            let last = index + 1 == count
-            if last { sessions[id]!.firstRoundPending = false }
-            var actions: [Action] = []
-            if last || sessions[id]!.batchBytes >= settings.limits.catchUpBatchBytes {
-                let (batch, bytes) = (sessions[id]!.batch, sessions[id]!.batchBytes)
-                sessions[id]!.batch = []
-                sessions[id]!.batchBytes = 0
-                let completing = last ? sessions[id]!.completeRound : nil
-                if last { sessions[id]!.completeRound = nil }
-                queued.append(ApplyPart(session: id, deltas: batch, roundBytes: bytes, endsRound: last, origin: origin(of: sessions[id]!),
-                                        completing: completing))
-            }
-            if let info = sessions[id]!.info {
-                actions.append(.event(.catchUpProgress(info, chunk: clampedInt(index) + 1, chunks: clampedInt(count),
-                                                       records: clampedInt(records))))
-            }
-            return actions
+        case .applyChunk(let delta, let index, let count, let records, let stable):
+            return applyChunk(id, delta, index: index, count: count, records: records, stable: stable, now: now, state: state)
         case .applyDelta(var delta):
             lastActivity = now
-            guard sessions[id]!.phase == .established else { return refuse(id, .notAdmitted, "data before admission", now: now) }
             if let refusal = ownNameRefusal(delta, state: state) { return refuse(id, .malformed, refusal, now: now) }
             switch admitData(delta, from: id, now: now, state: state) {
             case .refused(let actions): return actions
             case .admitted(let admitted): delta = admitted
             }
-            queued.append(ApplyPart(session: id, deltas: [delta], endsRound: false, origin: origin(of: sessions[id]!)))
+            guard let session = sessions[id] else { return [] }
+            queued.append(ApplyPart(session: id, deltas: [delta], endsRound: false, origin: origin(of: session)))
             return []
         case .acked(let context, let neighbors, let incremental):
-            guard sessions[id]!.phase == .established else { return [] }
-            sessions[id]!.delivered.merge(context)
-            if incremental {
-                var known = sessions[id]!.lastAckContext ?? sessions[id]!.peer?.context ?? CausalContext()
-                known.merge(context)
-                sessions[id]!.lastAckContext = known
-            } else {
-                sessions[id]!.lastAckContext = context
+            let hello = sessions[id]?.peer
+            sessions[id]?.withLink { link in
+                link.delivered.merge(context)
+                if incremental {
+                    var known = link.lastAckContext ?? hello?.context ?? CausalContext()
+                    known.merge(context)
+                    link.lastAckContext = known
+                } else {
+                    link.lastAckContext = context
+                }
+                if let neighbors { link.neighbors = Set(neighbors) }
             }
-            if let neighbors { sessions[id]!.neighbors = Set(neighbors) }
             // An ack is not a compaction report: only a signed report counts (PROTOCOL §19).
             return []
         case .digest(let digest, _):
-            guard sessions[id]!.phase == .established, let info = sessions[id]!.info else { return [] }
+            guard let info = sessions[id]?.info else { return [] }
             if digest == state.digest {
-                sessions[id]!.lastConvergedAt = wallClock
-                sessions[id]!.divergencePersists = false
+                sessions[id]?.lastConvergedAt = wallClock
+                sessions[id]?.withLink { $0.divergencePersists = false }
                 return [.event(.converged(info, digest: digest))]
             }
             // Another round after the next quiet period, with our context this time: then the
             // peer can tell a transient difference from a divergence.
-            sessions[id]!.changedSinceDigest = true
-            sessions[id]!.ackOwed = true
-            guard sessions[id]!.lastAckContext == state.context else { return [] }
+            let acked = sessions[id]?.withLink { link in
+                link.changedSinceDigest = true
+                link.ackOwed = true
+                return link.lastAckContext
+            }
+            guard let acked, acked == state.context else { return [] }
             // Equal events, different digests: a divergence. (Compaction cannot cause one: the
             // digest leaves deleted records out, so whether one is purged yet does not show.)
             return watchdog(id, info: info, now: now, state: state)
         case .breakdown(_, let theirs):
-            guard let info = sessions[id]!.info else { return [] }
+            guard let info = sessions[id]?.info else { return [] }
             let (collections, writers) = state.records.digestBreakdown().differences(from: theirs)
-            sessions[id]!.divergence = (collections, writers)
+            sessions[id]?.withLink { $0.divergence = (collections, writers) }
             return [.log(CoreLog(.warning, "divergence with a peer", [
                         "peer.id": info.replicaID.shortDescription, "differs.collections": collections.joined(separator: ","),
                         "differs.writers": writers.map(\.shortDescription).joined(separator: ","),
                     ])),
                     .event(.divergenceDetail(info, collections: collections, writers: writers))]
+        case .attachmentRequest(let request):
+            return attachmentRequested(id, request)
+        case .attachmentData(let data):
+            return attachmentDataReceived(id, data)
+        case .attachmentUnavailable(let hash):
+            return attachmentUnavailable(id, hash: hash)
+        case .seen(let reports):
+            return receiveSeen(id, reports: reports, now: now)
         case .close(let reason, let text, let notifyPeer):
             if notifyPeer { return refuse(id, reason, text, now: now) } else if reason == .notAdmitted { peerRefusedUs(id) }
-            var session = sessions[id]!
+            guard var session = sessions[id] else { return [] }
             session.close(with: nil, reason: .peerClosed(reason, detail: text), now: now)
             sessions[id] = session
             return [.log(CoreLog(.debug, "peer closed the session", sessionMetadata(session, ["reason": "\(reason)", "detail": text]))),
                     .closeTransport(id)]
         }
+    }
+
+    /// A chunk of the peer's catch-up round: its records wait in the session's batch, committed
+    /// together at the round's end or when the batch is large.
+    private mutating func applyChunk(
+        _ id: SessionID, _ delta: RecordMap, index: UInt64, count: UInt64, records: UInt64, stable: CausalContext?,
+        now: MonotonicInstant, state: some ReplicaView
+    ) -> [Action] {
+        lastActivity = now
+        if let refusal = ownNameRefusal(delta, state: state) { return refuse(id, .malformed, refusal, now: now) }
+        // A complete round (PROTOCOL §6.5): note every record it carries, as the peer sent it.
+        sessions[id]?.withLink { link in
+            if index == 0 { link.completeRound = stable.map { CompleteRound(stable: $0, keys: []) } }
+            guard link.completeRound != nil else { return }
+            for (collection, records) in delta.collections {
+                for record in records.keys { link.completeRound?.keys.insert(RecordKey(collection: collection, id: record)) }
+            }
+        }
+        var delta = delta
+        switch admitData(delta, from: id, now: now, state: state) {
+        case .refused(let actions): return actions
+        case .admitted(let admitted): delta = admitted
+        }
+        let last = index + 1 == count
+        let limit = settings.limits.catchUpBatchBytes
+        // In place: a copy of the session would copy the batch array per chunk (quadratic in
+        // the chunks of a round).
+        let full = sessions[id]?.withLink { link -> (batch: [RecordMap], bytes: Int, completing: CompleteRound?)? in
+            link.batch.append(delta)
+            link.batchBytes += delta.approximateWireBytes
+            guard last || link.batchBytes >= limit else { return nil }
+            defer {
+                link.batch = []
+                link.batchBytes = 0
+                if last { link.completeRound = nil }
+            }
+            return (link.batch, link.batchBytes, last ? link.completeRound : nil)
+        }
+        guard let session = sessions[id] else { return [] }
+        if last { sessions[id]?.firstRoundPending = false }
+        if case let full?? = full {
+            queued.append(ApplyPart(session: id, deltas: full.batch, roundBytes: full.bytes, endsRound: last, origin: origin(of: session),
+                                    completing: full.completing))
+        }
+        guard let info = session.info else { return [] }
+        return [.event(.catchUpProgress(info, chunk: clampedInt(index) + 1, chunks: clampedInt(count), records: clampedInt(records)))]
     }
 
     /// The convergence watchdog: both sides claim the same events but their states differ — a bug
@@ -290,12 +310,13 @@ struct ReplicationCore {
     /// help — it would only loop — so the divergence is reported once (a warning naming the peer,
     /// the collections and writers that differ and the records this side did not take) and left
     /// for a person or the next version to settle.
-    mutating func watchdog(_ id: SessionID, info: PeerInfo, now: MonotonicInstant, state: ReplicaState) -> [Action] {
-        guard sessions[id]!.lastRepairAt == nil else {
-            guard !sessions[id]!.divergencePersists else { return [] }
-            sessions[id]!.divergencePersists = true
-            let (collections, writers) = sessions[id]!.divergence
-            let records = sessions[id]!.echoesDropped.sorted()
+    mutating func watchdog(_ id: SessionID, info: PeerInfo, now: MonotonicInstant, state: some ReplicaView) -> [Action] {
+        guard let link = sessions[id]?.link else { return [] }
+        guard link.lastRepairAt == nil else {
+            guard !link.divergencePersists else { return [] }
+            sessions[id]?.withLink { $0.divergencePersists = true }
+            let (collections, writers) = link.divergence
+            let records = link.echoesDropped.sorted()
             return [.log(CoreLog(.warning, "digests still differ after a full-state repair; not repairing again", [
                         "peer.id": info.replicaID.shortDescription, "peer.name": info.name,
                         "differs.collections": collections.joined(separator: ","),
@@ -304,9 +325,9 @@ struct ReplicationCore {
                     ])),
                     .event(.divergencePersists(info, collections: collections, writers: writers, records: records))]
         }
-        sessions[id]!.lastRepairAt = now
-        sessions[id]!.out.push(catchUp: state.records)
-        sessions[id]!.out.breakdownDue = true
+        sessions[id]?.withLink { $0.lastRepairAt = now }
+        sessions[id]?.out.push(catchUp: state.records)
+        sessions[id]?.out.breakdownDue = true
         repairs += 1
         return [.log(CoreLog(.warning, "digests differ although both sides hold the same events; repairing by a full-state exchange",
                              ["peer.id": info.replicaID.shortDescription, "peer.name": info.name, "repairs": "\(repairs)",
@@ -316,7 +337,7 @@ struct ReplicationCore {
     }
 
     /// A peer may echo writes in this replica's name, but never ones it did not make.
-    func ownNameRefusal(_ delta: RecordMap, state: ReplicaState) -> String? {
+    func ownNameRefusal(_ delta: RecordMap, state: some ReplicaView) -> String? {
         let issued = state.context.maxCounter(of: settings.localReplica)
         guard let claimed = delta.highestCounter(of: settings.localReplica), claimed > issued else { return nil }
         return "the delta holds a write by this replica (counter \(claimed)) that it never made (its last is \(issued))"
