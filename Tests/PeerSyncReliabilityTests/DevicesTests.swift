@@ -8,6 +8,7 @@ import PeerSync
 import PeerSyncTestSupport
 import PeerSyncWire
 import Testing
+import ShiftSchedulerModel
 
 /// Devices, not a shared password (issue 12): invites that are single-use and expire, removal
 /// that takes effect everywhere within seconds, and roster entries checked on every node. Real
