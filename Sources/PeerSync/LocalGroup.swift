@@ -11,7 +11,7 @@ import PeerSyncStore
 /// (`add` entries) instead of by invites — for tests, benchmarks and `peersync demo`, where
 /// every device is at hand. Real devices join with ``Replica/invite(role:expires:)`` and
 /// ``Replica/join(at:name:invite:logger:)``.
-public struct LocalGroup: Sendable {
+package struct LocalGroup: Sendable {
     public let groupID: GroupID
     /// One key per device; device 0 created the group.
     public let keys: [DeviceKey]

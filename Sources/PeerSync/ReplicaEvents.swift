@@ -37,6 +37,7 @@ public enum SyncStatus: Sendable, Equatable {
 
 /// What this device knows of its own removal from the group (``Replica/removal``).
 public struct RemovalNotice: Sendable, Equatable, CustomStringConvertible {
+    /// How this device learned of its removal: signed in its roster, or a peer's word.
     public enum Source: Sendable, Equatable {
         /// This device holds the admin's signed removal entry.
         case roster
@@ -46,6 +47,7 @@ public struct RemovalNotice: Sendable, Equatable, CustomStringConvertible {
         case peer(address: String)
     }
 
+    /// How this device learned of it.
     public let source: Source
     /// The admin who removed this device (its name, else its short device ID), if known here.
     public let by: String?

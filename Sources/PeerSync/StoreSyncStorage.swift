@@ -8,7 +8,7 @@ import PeerSyncStore
 
 /// Lets sync (``Replicator``) read and write a ``ReplicaStore``: remote deltas commit in one
 /// transaction each; attachment bytes live in the store's ``AttachmentStore``.
-public struct StoreSyncStorage: SyncStorage {
+package struct StoreSyncStorage: SyncStorage {
     public let store: ReplicaStore
     /// The attachment directory beside the store.
     public let attachments: AttachmentStore

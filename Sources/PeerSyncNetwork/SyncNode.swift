@@ -14,7 +14,7 @@ import PeerSyncWire
 /// Its own decisions are made by pure types too: which inbound connections to take
 /// (``InboundAdmission``, before any TLS work) and which addresses to dial when
 /// (``DialScheduler``), within ``SyncLimits``.
-public actor SyncNode {
+package actor SyncNode {
     public nonisolated let replicator: Replicator
     public nonisolated var configuration: SyncConfiguration { replicator.configuration }
     nonisolated let logger: Logger

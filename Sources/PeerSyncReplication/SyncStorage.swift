@@ -5,7 +5,7 @@ import PeerSyncWire
 
 /// What sync needs from the replica's storage. The engine supplies it (the session layer never
 /// touches SQLite itself); tests supply an in-memory one.
-public protocol SyncStorage: Sendable {
+package protocol SyncStorage: Sendable {
     /// The replica's current committed state (a snapshot; cheap).
     func snapshot() -> ReplicaState
     /// Joins deltas received from peers, durably, in one transaction (all or none); returns
@@ -68,14 +68,14 @@ extension SyncStorage {
 
 /// Thrown by a ``SyncStorage`` that refuses what a peer sent (it breaks a bound the store
 /// enforces): the peer's fault, not the storage's.
-public struct SyncStorageRefusal: Error, Sendable, CustomStringConvertible {
+package struct SyncStorageRefusal: Error, Sendable, CustomStringConvertible {
     public let detail: String
     public init(_ detail: String) { self.detail = detail }
     public var description: String { detail }
 }
 
 /// Names one session (a connection, or an app transport's session) within a node.
-public struct SessionID: Hashable, Comparable, Sendable, CustomStringConvertible {
+package struct SessionID: Hashable, Comparable, Sendable, CustomStringConvertible {
     public let rawValue: UInt64
     public init(_ rawValue: UInt64) { self.rawValue = rawValue }
     public static func < (lhs: SessionID, rhs: SessionID) -> Bool { lhs.rawValue < rhs.rawValue }
@@ -83,7 +83,7 @@ public struct SessionID: Hashable, Comparable, Sendable, CustomStringConvertible
 }
 
 /// How a session came to be.
-public struct SessionOrigin: Sendable, Hashable {
+package struct SessionOrigin: Sendable, Hashable {
     /// Where the peer is: `host:port` for TCP, the app's name for its own transports.
     public let address: String
     /// Whether this side opened it (dialed). Decides which of two sessions between the same
@@ -134,7 +134,7 @@ public enum SessionEndReason: Sendable, Equatable, CustomStringConvertible {
 }
 
 /// Something a node did that an app or a person may want to know.
-public enum NodeEvent: Sendable {
+package enum NodeEvent: Sendable {
     case listening(port: UInt16)
     case peerConnected(PeerInfo)
     case peerDisconnected(PeerInfo, reason: SessionEndReason)
@@ -186,7 +186,7 @@ public enum NodeEvent: Sendable {
 }
 
 /// A connected peer as this node sees it.
-public struct PeerInfo: Sendable, Hashable {
+package struct PeerInfo: Sendable, Hashable {
     public let replicaID: ReplicaID
     public let name: String
     public let address: String
@@ -206,7 +206,7 @@ public struct PeerInfo: Sendable, Hashable {
 
 /// A peer's session state, for status displays.
 public struct PeerStatus: Sendable {
-    public let info: PeerInfo
+    package let info: PeerInfo
     /// When digests were last found equal, if ever in this session.
     public let lastConvergedAt: Date?
     /// Framed bytes sent to and received from the peer in this session (TLS overhead excluded).

@@ -22,7 +22,7 @@ import Synchronization
 ///   read back or what its peers would refuse.
 ///
 /// All methods are thread-safe; writes of one process are serialized.
-public final class ReplicaStore: Sendable {
+package final class ReplicaStore: Sendable {
     /// The file name inside the store directory.
     public static let fileName = "replica.sqlite"
     /// A delta of more records than this is journaled as "reload" instead of its bytes.

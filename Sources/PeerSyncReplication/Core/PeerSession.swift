@@ -166,7 +166,7 @@ struct PeerSession {
 }
 
 /// Bytes ready for a session's transport.
-public struct OutboundBatch: Sendable {
+package struct OutboundBatch: Sendable {
     /// One or more whole frames.
     public let bytes: [UInt8]
     public let frames: Int
