@@ -199,7 +199,7 @@ extension Replica {
             do {
                 try compactionStep(force: false)
             } catch {
-                logger.warning("compaction step failed", metadata: ["error": "\(error)"])
+                logger.debug("compaction step failed; the next commit or report retries it", metadata: ["error": "\(error)"])
             }
         }
     }

@@ -262,7 +262,7 @@ package actor SyncNode {
                 device = nil  // a node of the previous version: the session tells it to upgrade
             } catch {
                 try? await channel.executeThenClose { _, _ in }
-                logger.warning("session refused", metadata: ["peer.address": "\(address)", "reason": "\(SessionEndReason.handshakeFailed(detail: "\(error)"))"])
+                logger.debug("session refused", metadata: ["peer.address": "\(address)", "reason": "\(SessionEndReason.handshakeFailed(detail: "\(error)"))"])
                 replicator.emit(.sessionRefused(address: address, reason: .handshakeFailed(detail: "\(error)")))
                 return Dialer.Result(reason: stopped ? .localShutdown : .handshakeFailed(detail: "\(error)"), established: false, lasted: .zero)
             }
