@@ -185,8 +185,8 @@ extension Replica {
     /// stable (in batches; edits and sync go on between them). Returns what it purged and what
     /// holds the rest back. Runs off the actor; never overlaps an automatic step.
     @discardableResult
-    public nonisolated func compact() async throws -> CompactionReport {
-        try await compactionScheduler.run { try self.compactionStep(force: true) }
+    public nonisolated func compact() async throws(ReplicaError) -> CompactionReport {
+        try await ReplicaError.wrapping { try await compactionScheduler.run { try self.compactionStep(force: true) } }
     }
 
     /// Schedules an automatic step (after commits and gossip).
