@@ -60,7 +60,7 @@ package struct LocalGroup: Sendable {
 extension Replica {
     /// A new replica at `directory` for device `member` of a ``LocalGroup`` (named `name`, or as
     /// the group names the device).
-    public static func create(at directory: String, member: Int, of group: LocalGroup, name: String? = nil,
+    package static func create(at directory: String, member: Int, of group: LocalGroup, name: String? = nil,
                               logger: Logger = Logger(label: "peersync", factory: { _ in SwiftLogNoOpLogHandler() })) throws -> Replica {
         let store = try ReplicaStore.create(directory: directory, name: name ?? group.names[member])
         try group.keys[member].write(to: keyPath(directory))

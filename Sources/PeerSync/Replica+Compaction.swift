@@ -53,7 +53,7 @@ public struct CompactionStatus: Sendable, Equatable {
 /// What one ``Replica/compact()`` did, and what holds the rest back.
 public struct CompactionReport: Sendable, Equatable {
     /// The purge (nil if nothing new was stable, so the store was not scanned).
-    public var run: CompactionRun?
+    package var run: CompactionRun?
     public var status: CompactionStatus
 }
 

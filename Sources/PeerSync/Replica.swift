@@ -25,13 +25,13 @@ public actor Replica {
     public nonisolated let directory: String
     nonisolated let logger: Logger
     /// This device's key (in `device-key.pem`, mode 0600; it never leaves the device).
-    public nonisolated let deviceKey: DeviceKey
+    package nonisolated let deviceKey: DeviceKey
     /// The sync group this replica belongs to.
-    public nonisolated let groupID: GroupID
+    package nonisolated let groupID: GroupID
     /// An upgraded group's old shared secret, if this store had one.
-    public nonisolated let legacySecret: GroupSecret?
+    package nonisolated let legacySecret: GroupSecret?
     /// While this device has not yet joined: the inviter and the entry it presents.
-    public internal(set) var pendingJoin: PendingJoin?
+    package internal(set) var pendingJoin: PendingJoin?
     var replicator: Replicator?
     private var node: SyncNode?
     var currentNode: SyncNode? { node }

@@ -34,7 +34,7 @@ extension Replica {
 
     /// The content-addressed attachment directory of this replica (`DIR/attachments`), for the
     /// sync layer that serves and fetches bytes.
-    public nonisolated var attachmentStore: AttachmentStore { appSupport.attachments(self).files }
+    package nonisolated var attachmentStore: AttachmentStore { appSupport.attachments(self).files }
 
     /// Stores `data` beside the replica and returns the ``Attachment`` to put in a record.
     /// The same bytes are stored once. Throws ``ReplicaError/attachment(_:)`` over
