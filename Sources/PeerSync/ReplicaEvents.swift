@@ -6,6 +6,7 @@ import PeerSyncNetwork
 
 /// A change to a replica's records, wherever it came from.
 public struct ReplicaChange: Sendable {
+    /// Where a change came from.
     public enum Origin: Sendable, Equatable {
         /// Made through this `Replica`.
         case local
@@ -15,6 +16,7 @@ public struct ReplicaChange: Sendable {
         case otherProcess
     }
 
+    /// Where the change came from.
     public let origin: Origin
     /// The records that changed (empty when another process rewrote so much that the replica
     /// reloaded: re-read everything).
