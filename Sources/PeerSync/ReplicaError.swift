@@ -4,7 +4,8 @@ import PeerSyncStore
 
 /// What can go wrong in a ``Replica`` call: its throwing methods, opening, creating and joining
 /// throw only this, so an app can switch over it. Each case's ``description`` is one line that
-/// says what happened and what to do.
+/// says what happened and what to do: the text of the error underneath (the store's, the device
+/// key's, the limit's), unchanged.
 public enum ReplicaError: Error, Sendable, Equatable, CustomStringConvertible {
     /// The store could not be opened, read or written: no replica there, one already there,
     /// a damaged or read-only file, a full disk, a store written by a newer version, or another
@@ -29,10 +30,9 @@ public enum ReplicaError: Error, Sendable, Equatable, CustomStringConvertible {
 
     public var description: String {
         switch self {
-        case .storage(let detail), .deviceKey(let detail), .attachment(let detail): detail
-        case .invalidRecord(let detail): "invalid record: \(detail)"
+        case .storage(let detail), .deviceKey(let detail), .invalidRecord(let detail), .attachment(let detail),
+             .network(let detail): detail
         case .deviceAdministration(let error): error.description
-        case .network(let detail): "cannot start sync: \(detail)"
         }
     }
 
