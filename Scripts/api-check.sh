@@ -4,7 +4,8 @@
 #     every module it re-exports (`@_exported import` in Sources/PeerSync/PeerSync.swift; for a
 #     scoped one such as `@_exported import enum M.T`, just T). A type is a struct, class, actor,
 #     enum or protocol, nested ones included (typealiases are not counted). The symbol graphs
-#     come from the toolchain (`swift package dump-symbol-graph`, public symbols only).
+#     come from the toolchain: `swift symbolgraph-extract` on the modules `swift build` made,
+#     public symbols only.
 #     Fails if the count is over the budget in docs/api-budget, or differs from the count written
 #     there (update that line when the API deliberately shrinks or grows).
 #  2. Fails if one of those types has no doc comment.
@@ -27,19 +28,38 @@ if [ -n "$nio" ]; then
 fi
 
 echo "-- public types of \`import PeerSync\`"
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-if ! swift package dump-symbol-graph --minimum-access-level public --skip-synthesized-members >"$log" 2>&1; then
-  cat "$log" >&2
-  echo "api-check: dump-symbol-graph failed" >&2
-  exit 1
-fi
-dir=$(sed -n 's/^Files written to //p' "$log" | tail -1)
-if [ -z "$dir" ] || [ ! -d "$dir" ]; then
-  cat "$log" >&2
-  echo "api-check: cannot find the symbol graphs dump-symbol-graph wrote" >&2
-  exit 1
-fi
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+# The search paths and C module maps the build used for a target that imports PeerSync (an
+# example), so symbolgraph-extract loads exactly the modules the build made.
+python3 - .build/debug.yaml >"$dir/flags" <<'EOF'
+import re, sys
+yaml = open(sys.argv[1]).read()
+at = yaml.find('"C.example-settings-')
+if at < 0:
+    sys.exit("api-check: no build plan in .build/debug.yaml; build first (swift build)")
+line = yaml[yaml.find("args:", at):]
+args = re.findall(r'"((?:[^"\\]|\\.)*)"', line[:line.find("\n")])[1:]
+flags, n = [], 0
+while n < len(args):
+    if args[n] in ("-I", "-target", "-sdk", "-Xcc"):
+        flags += args[n:n + 2]
+        n += 2
+        continue
+    if args[n].startswith("-I") or args[n].startswith("-fmodule-map-file"):
+        flags.append(args[n])
+    n += 1
+print("\n".join(flags))
+EOF
+modules=$(sed -nE 's/^[[:space:]]*@_exported[[:space:]]+import[[:space:]]+([a-z]+[[:space:]]+)?([A-Za-z_]+).*/\2/p' Sources/PeerSync/PeerSync.swift | sort -u)
+for module in PeerSync $modules; do
+  if ! xargs -d '\n' swift symbolgraph-extract -module-name "$module" -minimum-access-level public -skip-synthesized-members \
+         -module-cache-path "$dir/cache" -output-dir "$dir" <"$dir/flags" >"$dir/log" 2>&1; then
+    cat "$dir/log" >&2
+    echo "api-check: symbolgraph-extract failed for $module (is the build up to date?)" >&2
+    exit 1
+  fi
+done
 
 python3 - "$dir" Sources/PeerSync/PeerSync.swift docs/api-budget <<'EOF' || status=1
 import json, pathlib, re, sys
