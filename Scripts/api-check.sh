@@ -35,10 +35,10 @@ trap 'rm -rf "$dir"' EXIT
 python3 - .build/debug.yaml >"$dir/flags" <<'EOF'
 import re, sys
 yaml = open(sys.argv[1]).read()
-at = yaml.find('"C.example-settings-')
-if at < 0:
+command = re.search(r'\n\s*"C\.example-settings-[^"]*\.module":', yaml)
+if not command:
     sys.exit("api-check: no build plan in .build/debug.yaml; build first (swift build)")
-line = yaml[yaml.find("args:", at):]
+line = yaml[yaml.find("args:", command.end()):]
 args = re.findall(r'"((?:[^"\\]|\\.)*)"', line[:line.find("\n")])[1:]
 flags, n = [], 0
 while n < len(args):
