@@ -2,7 +2,7 @@
 import PackageDescription
 
 // Layers (imports point down only):
-//   peersync (CLI), Examples, Benchmarks
+//   peersync (CLI), Examples, Benchmarks; ShiftSchedulerModel (the demo app's records, Examples/Shared)
 //   PeerSync          — the engine apps import
 //   PeerSyncNetwork   — TCP, TLS, NIO (the only library code that imports NIO)
 //   PeerSyncReplication — the pure replication core and the replicator (any transport, no NIO)
@@ -89,10 +89,14 @@ let package = Package(
                            "PeerSyncIdentity",
                            .product(name: "Logging", package: "swift-log")]
         ),
+        // The ShiftScheduler demo app's records (ShiftType, Location) and the JSON export/import
+        // `peersync export`/`import` use: app code, not part of the PeerSync library.
+        .target(name: "ShiftSchedulerModel", dependencies: ["PeerSyncCRDT", "PeerSyncModel"],
+                path: "Examples/Shared/ShiftSchedulerModel"),
         .executableTarget(
             name: "peersync",
             dependencies: [
-                "PeerSync", "PeerSyncDiscovery",
+                "PeerSync", "PeerSyncDiscovery", "ShiftSchedulerModel",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -102,33 +106,33 @@ let package = Package(
         ),
         .executableTarget(
             name: "PeerSyncBenchmarks",
-            dependencies: ["PeerSync", "PeerSyncWire", .product(name: "Logging", package: "swift-log"), .product(name: "Crypto", package: "swift-crypto"),
+            dependencies: ["PeerSync", "PeerSyncWire", "ShiftSchedulerModel", .product(name: "Logging", package: "swift-log"), .product(name: "Crypto", package: "swift-crypto"),
                            .product(name: "NIOSSL", package: "swift-nio-ssl"), .product(name: "NIOPosix", package: "swift-nio"),
                            .product(name: "NIOTLS", package: "swift-nio")],
             path: "Benchmarks/PeerSyncBenchmarks"
         ),
-        .executableTarget(name: "example-shift-scheduler", dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
+        .executableTarget(name: "example-shift-scheduler", dependencies: ["PeerSync", "ShiftSchedulerModel", .product(name: "Logging", package: "swift-log")],
                           path: "Examples/ShiftScheduler"),
         .executableTarget(name: "example-settings", dependencies: ["PeerSync"], path: "Examples/SettingsScopes"),
-        .executableTarget(name: "example-in-memory-pipe", dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
+        .executableTarget(name: "example-in-memory-pipe", dependencies: ["PeerSync", "ShiftSchedulerModel", .product(name: "Logging", package: "swift-log")],
                           path: "Examples/InMemoryPipe"),
-        .executableTarget(name: "example-app-streams", dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
+        .executableTarget(name: "example-app-streams", dependencies: ["PeerSync", "ShiftSchedulerModel", .product(name: "Logging", package: "swift-log")],
                           path: "Examples/AppStreams"),
-        .executableTarget(name: "example-observable-app", dependencies: ["PeerSync", .product(name: "Logging", package: "swift-log")],
+        .executableTarget(name: "example-observable-app", dependencies: ["PeerSync", "ShiftSchedulerModel", .product(name: "Logging", package: "swift-log")],
                           path: "Examples/ObservableApp"),
         .target(name: "PeerSyncTestSupport", dependencies: ["PeerSyncCRDT", .product(name: "Logging", package: "swift-log")],
                 path: "Tests/PeerSyncTestSupport"),
         .testTarget(name: "PeerSyncCRDTTests", dependencies: ["PeerSyncCRDT", "PeerSyncTestSupport"]),
-        .testTarget(name: "PeerSyncModelTests", dependencies: ["PeerSyncModel", "PeerSyncCRDT", "PeerSyncTestSupport"]),
+        .testTarget(name: "PeerSyncModelTests", dependencies: ["PeerSyncModel", "ShiftSchedulerModel", "PeerSyncCRDT", "PeerSyncTestSupport"]),
         .executableTarget(
             name: "peersync-store-child",
-            dependencies: ["PeerSyncStore", "PeerSyncModel"],
+            dependencies: ["PeerSyncStore", "PeerSyncModel", "ShiftSchedulerModel"],
             path: "Tests/StoreChild"
         ),
         .testTarget(
             name: "PeerSyncSessionTests",
             dependencies: [
-                "PeerSync", "PeerSyncReplication", "PeerSyncNetwork", "PeerSyncWire", "PeerSyncStore", "PeerSyncTestSupport", "PeerSyncIdentity",
+                "PeerSync", "PeerSyncReplication", "PeerSyncNetwork", "PeerSyncWire", "PeerSyncStore", "PeerSyncTestSupport", "PeerSyncIdentity", "ShiftSchedulerModel",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOTestUtils", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
@@ -141,11 +145,11 @@ let package = Package(
         .executableTarget(name: "peersync-wire-fuzz", dependencies: ["PeerSyncWire", "PeerSyncCRDT"], path: "Tests/WireFuzz",
                           exclude: ["corpus"]),
         .executableTarget(name: "peersync-structured-fuzz", dependencies: ["PeerSyncWire", "PeerSyncCRDT"], path: "Tests/StructuredFuzz"),
-        .testTarget(name: "PeerSyncCLITests", dependencies: ["PeerSyncTestSupport", "peersync", "PeerSyncStore", "PeerSyncModel"]),
+        .testTarget(name: "PeerSyncCLITests", dependencies: ["PeerSyncTestSupport", "peersync", "ShiftSchedulerModel", "PeerSyncStore", "PeerSyncModel"]),
         .testTarget(
             name: "PeerSyncReliabilityTests",
             dependencies: [
-                "PeerSync", "PeerSyncTestSupport", "peersync",
+                "PeerSync", "PeerSyncTestSupport", "peersync", "ShiftSchedulerModel",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
@@ -166,14 +170,14 @@ let package = Package(
         ),
         .testTarget(
             name: "PeerSyncStoreTests",
-            dependencies: ["PeerSyncStore", "PeerSyncModel", "PeerSyncCRDT", "PeerSyncTestSupport", "peersync-store-child"]
+            dependencies: ["PeerSyncStore", "PeerSyncModel", "PeerSyncCRDT", "PeerSyncTestSupport", "ShiftSchedulerModel", "peersync-store-child"]
         ),
         // Live queries, the observable model, batches, references, conflicts and attachments;
         // the child writes batches (killed with SIGKILL) and plays "another process".
-        .executableTarget(name: "peersync-app-child", dependencies: ["PeerSync"], path: "Tests/AppChild"),
+        .executableTarget(name: "peersync-app-child", dependencies: ["PeerSync", "ShiftSchedulerModel"], path: "Tests/AppChild"),
         .testTarget(
             name: "PeerSyncAppTests",
-            dependencies: ["PeerSync", "PeerSyncWire", "PeerSyncTestSupport", "peersync-app-child",
+            dependencies: ["PeerSync", "PeerSyncWire", "PeerSyncTestSupport", "ShiftSchedulerModel", "peersync-app-child",
                            .product(name: "Logging", package: "swift-log"), .product(name: "Crypto", package: "swift-crypto")]
         ),
         .executableTarget(

@@ -25,6 +25,9 @@ if [ -n "$ours" ]; then
   exit 1
 fi
 
+echo "== public API (Scripts/api-check.sh: the type budget in docs/api-budget, doc comments, NIO only in PeerSyncNetwork)"
+Scripts/api-check.sh
+
 echo "== tests"
 set +e
 swift test --skip-build --disable-xctest > "$log" 2>&1

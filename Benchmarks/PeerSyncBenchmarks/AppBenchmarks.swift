@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import PeerSync
 import Synchronization
+import ShiftSchedulerModel
 
 /// The app-facing API: live-query latency and cost per change, attachment store throughput.
 enum AppBenchmarks {

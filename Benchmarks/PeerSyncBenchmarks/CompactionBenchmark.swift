@@ -3,6 +3,7 @@ import Logging
 import PeerSync
 import PeerSyncCRDT
 import PeerSyncModel
+import ShiftSchedulerModel
 
 /// Issue 13's workload on real stores: three devices over TLS on 127.0.0.1 create N records
 /// (each a third, one batch each), converge, delete them all (each its own third), and let

@@ -2,6 +2,7 @@ import Foundation
 import PeerSync
 import PeerSyncWire
 import Synchronization
+import ShiftSchedulerModel
 
 // Convergence benchmarks (issue "Convergence benchmarks"): replicas in one process over
 // loopback TCP + TLS, each workload run once with `.deltas` (catch-up of what a peer lacks, then

@@ -1,6 +1,7 @@
 import Foundation
 import PeerSyncCRDT
 import PeerSyncModel
+import ShiftSchedulerModel
 
 struct Result: Codable {
     var name: String

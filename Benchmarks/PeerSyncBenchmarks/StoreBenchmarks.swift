@@ -2,6 +2,7 @@ import Foundation
 import PeerSyncCRDT
 import PeerSyncModel
 import PeerSyncStore
+import ShiftSchedulerModel
 
 func temporaryStoreDirectory() -> String {
     let path = FileManager.default.temporaryDirectory.appendingPathComponent("peersync-bench-\(UUID().uuidString)").path

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import PeerSync
 import PeerSyncWire
+import ShiftSchedulerModel
 
 /// A node with a fresh store in a temporary directory, on 127.0.0.1 with real TLS.
 struct BenchNode {

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import PeerSync
+import ShiftSchedulerModel
 
 // What an app's view model does: observe the change stream (local, peer and other-process
 // changes) and the status stream (disabled → connecting → syncing → in sync), while a second

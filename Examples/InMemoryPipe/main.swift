@@ -4,6 +4,7 @@
 import Foundation
 import Logging
 import PeerSync
+import ShiftSchedulerModel
 
 func waitFor(_ what: String, _ condition: () throws -> Bool) async throws {
     let deadline = ContinuousClock.now + .seconds(20)

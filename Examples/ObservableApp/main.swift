@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import Observation
 import PeerSync
+import ShiftSchedulerModel
 
 // A headless SwiftUI-style app. Two devices sync over 127.0.0.1 (real TLS, real SQLite files):
 // the front desk edits shift types; the ward tablet shows them through a `ReplicaModel`, the

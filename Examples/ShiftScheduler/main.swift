@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import PeerSync
+import ShiftSchedulerModel
 
 // Two devices of a shift-planning team share shift types and locations over the LAN (here:
 // two replicas on 127.0.0.1 with real TLS and real SQLite files). Deleting a location on one

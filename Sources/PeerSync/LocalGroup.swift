@@ -11,7 +11,7 @@ import PeerSyncStore
 /// (`add` entries) instead of by invites — for tests, benchmarks and `peersync demo`, where
 /// every device is at hand. Real devices join with ``Replica/invite(role:expires:)`` and
 /// ``Replica/join(at:name:invite:logger:)``.
-public struct LocalGroup: Sendable {
+package struct LocalGroup: Sendable {
     public let groupID: GroupID
     /// One key per device; device 0 created the group.
     public let keys: [DeviceKey]
@@ -60,8 +60,8 @@ public struct LocalGroup: Sendable {
 extension Replica {
     /// A new replica at `directory` for device `member` of a ``LocalGroup`` (named `name`, or as
     /// the group names the device).
-    public static func create(at directory: String, member: Int, of group: LocalGroup, name: String? = nil,
-                              logger: Logger = Logger(label: "peersync")) throws -> Replica {
+    package static func create(at directory: String, member: Int, of group: LocalGroup, name: String? = nil,
+                              logger: Logger = Logger(label: "peersync", factory: { _ in SwiftLogNoOpLogHandler() })) throws -> Replica {
         let store = try ReplicaStore.create(directory: directory, name: name ?? group.names[member])
         try group.keys[member].write(to: keyPath(directory))
         try group.install(into: store, member: member)

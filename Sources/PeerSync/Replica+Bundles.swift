@@ -13,7 +13,7 @@ extension Replica {
     ///
     /// - Throws: ``BundleError/notJoined`` for everyone (nil) before this device's join completed:
     ///   it knows no member's key yet.
-    public nonisolated func makeBundle(for peer: BundleContext?) throws(BundleError) -> [UInt8] {
+    package nonisolated func makeBundle(for peer: BundleContext?) throws(BundleError) -> [UInt8] {
         let state = store.state
         let delta = peer.map { state.delta(missingFrom: $0.context) } ?? state.records
         let members = roster().activeDevices.map(\.publicKey)
@@ -31,7 +31,7 @@ extension Replica {
     }
 
     /// Reads a context file made by a device of this group.
-    public nonisolated func readBundleContext(_ bytes: [UInt8]) throws(BundleError) -> BundleContext {
+    package nonisolated func readBundleContext(_ bytes: [UInt8]) throws(BundleError) -> BundleContext {
         try SyncBundle.openContext(bytes, groupID: groupID)
     }
 
@@ -41,7 +41,7 @@ extension Replica {
     ///
     /// - Throws: ``BundleError`` (nothing is applied), or a storage error.
     @discardableResult
-    public func applyBundle(_ bytes: [UInt8], maxClockSkew: Duration = .seconds(300))
+    package func applyBundle(_ bytes: [UInt8], maxClockSkew: Duration = .seconds(300))
         async throws -> (header: SyncBundle.Header, outcome: MergeOutcome)
     {
         let roster = self.roster()

@@ -53,7 +53,7 @@ public struct CompactionStatus: Sendable, Equatable {
 /// What one ``Replica/compact()`` did, and what holds the rest back.
 public struct CompactionReport: Sendable, Equatable {
     /// The purge (nil if nothing new was stable, so the store was not scanned).
-    public var run: CompactionRun?
+    package var run: CompactionRun?
     public var status: CompactionStatus
 }
 
@@ -185,8 +185,8 @@ extension Replica {
     /// stable (in batches; edits and sync go on between them). Returns what it purged and what
     /// holds the rest back. Runs off the actor; never overlaps an automatic step.
     @discardableResult
-    public nonisolated func compact() async throws -> CompactionReport {
-        try await compactionScheduler.run { try self.compactionStep(force: true) }
+    public nonisolated func compact() async throws(ReplicaError) -> CompactionReport {
+        try await ReplicaError.wrapping { try await compactionScheduler.run { try self.compactionStep(force: true) } }
     }
 
     /// Schedules an automatic step (after commits and gossip).
@@ -199,7 +199,7 @@ extension Replica {
             do {
                 try compactionStep(force: false)
             } catch {
-                logger.warning("compaction step failed", metadata: ["error": "\(error)"])
+                logger.debug("compaction step failed; the next commit or report retries it", metadata: ["error": "\(error)"])
             }
         }
     }

@@ -57,9 +57,9 @@ extension Replica {
     /// the catch-up when they reconnect); no when the losing change reached it only through a
     /// device that already held the winning value, since sync sends current values only
     /// (docs/ARCHITECTURE.md, "Conflicts").
-    public nonisolated func conflicts(includingResolved: Bool = true) throws -> [ReplicaConflict] {
+    public nonisolated func conflicts(includingResolved: Bool = true) throws(ReplicaError) -> [ReplicaConflict] {
         appSupport.learnNames(from: self)
-        return try store.storedConflicts(unresolvedOnly: !includingResolved).map(conflict)
+        return try ReplicaError.wrapping { try store.storedConflicts(unresolvedOnly: !includingResolved).map(conflict) }
     }
 
     /// Conflicts not yet marked resolved, now and whenever the list changes (a new conflict, one
@@ -73,8 +73,8 @@ extension Replica {
     /// Marks the conflict `id` resolved (persisted; survives a restart), or with `false`
     /// pending again. Returns false if there is no such conflict (the log keeps the newest 1,000).
     @discardableResult
-    public nonisolated func resolveConflict(_ id: ReplicaConflict.ID, resolved: Bool = true) throws -> Bool {
-        try store.markConflict(id, resolved: resolved)
+    public nonisolated func resolveConflict(_ id: ReplicaConflict.ID, resolved: Bool = true) throws(ReplicaError) -> Bool {
+        try ReplicaError.wrapping { try store.markConflict(id, resolved: resolved) }
     }
 
     /// Names a replica for conflict displays (nil forgets it). The sync layer calls it for

@@ -58,8 +58,14 @@ extension Replica {
 
     /// Creates a replica at `directory` that starts a new group: a device key, and the group's
     /// genesis entry, which makes this device its first admin.
+    /// PeerSync logs to `logger` (debug and trace; warnings only for what the app must act on); by
+    /// default it logs nothing.
     public static func create(at directory: String, name: String, groupName: String? = nil,
-                              logger: Logger = Logger(label: "peersync")) throws -> Replica {
+                              logger: Logger = Logger(label: "peersync", factory: { _ in SwiftLogNoOpLogHandler() })) throws(ReplicaError) -> Replica {
+        try ReplicaError.wrapping { try createGroup(at: directory, name: name, groupName: groupName, logger: logger) }
+    }
+
+    private static func createGroup(at directory: String, name: String, groupName: String?, logger: Logger) throws -> Replica {
         let store = try ReplicaStore.create(directory: directory, name: name)
         do {
             let key = try DeviceKey.create(at: keyPath(directory))
@@ -81,8 +87,14 @@ extension Replica {
     /// Creates a replica at `directory` that joins a group with an invite code: a device key and
     /// the signed enrol entry it presents to its inviter at the first session. Sync (TCP or an
     /// app's transport) completes the join; until then this device trusts only the inviter.
+    /// PeerSync logs to `logger` (debug and trace; warnings only for what the app must act on); by
+    /// default it logs nothing.
     public static func join(at directory: String, name: String, invite: InviteCode,
-                            logger: Logger = Logger(label: "peersync")) throws -> Replica {
+                            logger: Logger = Logger(label: "peersync", factory: { _ in SwiftLogNoOpLogHandler() })) throws(ReplicaError) -> Replica {
+        try ReplicaError.wrapping { try joinGroup(at: directory, name: name, invite: invite, logger: logger) }
+    }
+
+    private static func joinGroup(at directory: String, name: String, invite: InviteCode, logger: Logger) throws -> Replica {
         let store = try ReplicaStore.create(directory: directory, name: name)
         do {
             let key = try DeviceKey.create(at: keyPath(directory))
@@ -105,8 +117,8 @@ extension Replica {
     /// Creates a replica that joins a group of the previous version with its shared secret (a
     /// `PS1-` code): it enrols itself as an admin of the upgraded group, as every device that
     /// knows the secret may until an admin closes legacy enrolment.
-    public static func join(at directory: String, name: String, legacySecret: GroupSecret,
-                            logger: Logger = Logger(label: "peersync")) throws -> Replica {
+    package static func join(at directory: String, name: String, legacySecret: GroupSecret,
+                             logger: Logger = Logger(label: "peersync", factory: { _ in SwiftLogNoOpLogHandler() })) throws -> Replica {
         let store = try ReplicaStore.create(directory: directory, name: name)
         do {
             try writeLegacySecret(legacySecret, directory: directory)
@@ -280,55 +292,65 @@ extension Replica {
 
     /// An invite code that lets one new device join once, before `expires` from now, with `role`.
     /// Admins only.
-    public func invite(role: DeviceRole = .member, expires: Duration = .seconds(24 * 3600)) async throws -> InviteCode {
-        let token = InviteToken.generate()
-        let expiresAt = HybridLogicalClock.wallClock() + UInt64(max(0, expires.wholeMilliseconds))
-        try await writeRosterEntry(adminOnly: true) { _, context, _ in
-            try RosterEntry.make(.invite(token.hash, role: role, expiresAt: expiresAt), context: context, signer: deviceKey)
+    public func invite(role: DeviceRole = .member, expires: Duration = .seconds(24 * 3600)) async throws(ReplicaError) -> InviteCode {
+        try await ReplicaError.wrapping {
+            let token = InviteToken.generate()
+            let expiresAt = HybridLogicalClock.wallClock() + UInt64(max(0, expires.wholeMilliseconds))
+            try await writeRosterEntry(adminOnly: true) { _, context, _ in
+                try RosterEntry.make(.invite(token.hash, role: role, expiresAt: expiresAt), context: context, signer: deviceKey)
+            }
+            return InviteCode(groupID: groupID, inviter: deviceID, token: token)
         }
-        return InviteCode(groupID: groupID, inviter: deviceID, token: token)
     }
 
     /// Revokes an unused invite (by its code). Admins only.
-    public func revokeInvite(_ code: InviteCode) async throws {
-        if let refusal = roster().joinRefusal(token: code.token, now: HybridLogicalClock.wallClock()) {
-            throw DeviceAdministrationError.inviteNotOpen(refusal)
-        }
-        try await writeRosterEntry(adminOnly: true) { _, context, _ in
-            try RosterEntry.make(.revokeInvite(code.token.hash), context: context, signer: deviceKey)
+    public func revokeInvite(_ code: InviteCode) async throws(ReplicaError) {
+        try await ReplicaError.wrapping {
+            if let refusal = roster().joinRefusal(token: code.token, now: HybridLogicalClock.wallClock()) {
+                throw DeviceAdministrationError.inviteNotOpen(refusal)
+            }
+            try await writeRosterEntry(adminOnly: true) { _, context, _ in
+                try RosterEntry.make(.revokeInvite(code.token.hash), context: context, signer: deviceKey)
+            }
         }
     }
 
     /// Removes a device from the group, for good: every node that learns of it closes its
     /// sessions with that device, refuses new ones, and drops what it writes from now on. What it
     /// wrote before (as far as this device has seen) stays. Admins only.
-    public func removeDevice(_ device: DeviceID) async throws {
-        let roster = self.roster()
-        guard roster.devices[device] != nil else { throw DeviceAdministrationError.unknownDevice(device.shortForm) }
-        guard roster.isActive(device) else { throw DeviceAdministrationError.alreadyRemoved(device.shortForm) }
-        try await writeRosterEntry(adminOnly: true) { roster, context, state in
-            // The cutoff: what this device has seen of the removed one's writes (the transaction's
-            // state, never `self.state`, whose lock the transaction holds).
-            try RosterEntry.make(roster.removal(of: device, seen: state.context), context: context, signer: deviceKey)
+    public func removeDevice(_ device: DeviceID) async throws(ReplicaError) {
+        try await ReplicaError.wrapping {
+            let roster = self.roster()
+            guard roster.devices[device] != nil else { throw DeviceAdministrationError.unknownDevice(device.shortForm) }
+            guard roster.isActive(device) else { throw DeviceAdministrationError.alreadyRemoved(device.shortForm) }
+            try await writeRosterEntry(adminOnly: true) { roster, context, state in
+                // The cutoff: what this device has seen of the removed one's writes (the transaction's
+                // state, never `self.state`, whose lock the transaction holds).
+                try RosterEntry.make(roster.removal(of: device, seen: state.context), context: context, signer: deviceKey)
+            }
         }
     }
 
     /// Renames a device (this one, or any as an admin).
-    public func renameDevice(_ device: DeviceID, to name: String) async throws {
-        guard roster().devices[device] != nil else { throw DeviceAdministrationError.unknownDevice(device.shortForm) }
-        try await writeRosterEntry(adminOnly: device != deviceID) { _, context, _ in
-            try RosterEntry.make(.rename(device: device, name: name), context: context, signer: deviceKey)
+    public func renameDevice(_ device: DeviceID, to name: String) async throws(ReplicaError) {
+        try await ReplicaError.wrapping {
+            guard roster().devices[device] != nil else { throw DeviceAdministrationError.unknownDevice(device.shortForm) }
+            try await writeRosterEntry(adminOnly: device != deviceID) { _, context, _ in
+                try RosterEntry.make(.rename(device: device, name: name), context: context, signer: deviceKey)
+            }
         }
     }
 
     /// Closes an upgraded group to its old shared secret: legacy enrolments made after this no
     /// longer count. Do it once every device has upgraded. Admins only.
-    public func closeLegacyEnrolment() async throws {
-        guard roster().entries.values.contains(where: { $0.kind == .legacyGenesis }), !roster().isLegacyEnrolmentClosed else {
-            throw DeviceAdministrationError.noLegacyEnrolment
-        }
-        try await writeRosterEntry(adminOnly: true) { roster, context, _ in
-            try RosterEntry.make(roster.closingLegacyEnrolment(), context: context, signer: deviceKey)
+    public func closeLegacyEnrolment() async throws(ReplicaError) {
+        try await ReplicaError.wrapping {
+            guard roster().entries.values.contains(where: { $0.kind == .legacyGenesis }), !roster().isLegacyEnrolmentClosed else {
+                throw DeviceAdministrationError.noLegacyEnrolment
+            }
+            try await writeRosterEntry(adminOnly: true) { roster, context, _ in
+                try RosterEntry.make(roster.closingLegacyEnrolment(), context: context, signer: deviceKey)
+            }
         }
     }
 }

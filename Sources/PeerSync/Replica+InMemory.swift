@@ -30,7 +30,11 @@ extension Replica {
     /// }
     /// ```
     public static func inMemory(name: String = "In memory", groupName: String? = nil,
-                                logger: Logger = Logger(label: "peersync")) throws -> Replica {
+                                logger: Logger = Logger(label: "peersync", factory: { _ in SwiftLogNoOpLogHandler() })) throws(ReplicaError) -> Replica {
+        try ReplicaError.wrapping { try makeInMemory(name: name, groupName: groupName, logger: logger) }
+    }
+
+    private static func makeInMemory(name: String, groupName: String?, logger: Logger) throws -> Replica {
         let store = try ReplicaStore.inMemory(name: name)
         let key = DeviceKey.generate()
         var genesisID: GroupID?
@@ -48,7 +52,11 @@ extension Replica {
     /// on an admin's replica): a key held in memory and the signed enrol entry it presents to
     /// its inviter at the first session, which completes the join — as
     /// ``join(at:name:invite:logger:)`` does on disk.
-    public static func inMemory(name: String, invite: InviteCode, logger: Logger = Logger(label: "peersync")) throws -> Replica {
+    public static func inMemory(name: String, invite: InviteCode, logger: Logger = Logger(label: "peersync", factory: { _ in SwiftLogNoOpLogHandler() })) throws(ReplicaError) -> Replica {
+        try ReplicaError.wrapping { try makeInMemory(name: name, invite: invite, logger: logger) }
+    }
+
+    private static func makeInMemory(name: String, invite: InviteCode, logger: Logger) throws -> Replica {
         let store = try ReplicaStore.inMemory(name: name)
         let key = DeviceKey.generate()
         var entryBytes: [UInt8] = []
@@ -65,8 +73,8 @@ extension Replica {
 
     /// A new replica in memory for device `member` of a ``LocalGroup`` (named `name`, or as the
     /// group names the device): its devices are admitted already, no invite needed.
-    public static func inMemory(member: Int, of group: LocalGroup, name: String? = nil,
-                                logger: Logger = Logger(label: "peersync")) throws -> Replica {
+    package static func inMemory(member: Int, of group: LocalGroup, name: String? = nil,
+                                 logger: Logger = Logger(label: "peersync", factory: { _ in SwiftLogNoOpLogHandler() })) throws -> Replica {
         guard group.keys.indices.contains(member) else {
             throw DeviceAdministrationError.invalidEntry("no device \(member) in a local group of \(group.keys.count)")
         }

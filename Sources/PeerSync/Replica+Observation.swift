@@ -9,34 +9,34 @@ extension Replica {
     ///
     /// - Complexity: O(n log n) for n records of the type (a live query does this once, then
     ///   works per change).
-    public nonisolated func fetchAll<Record: SyncRecord>(_ query: RecordQuery<Record>) throws -> [Record] {
-        try query.evaluate(state)
+    public nonisolated func fetchAll<Record: SyncRecord>(_ query: RecordQuery<Record>) throws(ReplicaError) -> [Record] {
+        try ReplicaError.wrapping(otherwise: ReplicaError.invalidRecord) { try query.evaluate(state) }
     }
 
     /// The records of `type` that `predicate` keeps, ordered by ID:
     /// `replica.fetchAll(ShiftType.self, where: \.locationID == ward.id)`.
-    public nonisolated func fetchAll<Record: SyncRecord>(_ type: Record.Type, where predicate: RecordPredicate<Record>) throws -> [Record] {
+    public nonisolated func fetchAll<Record: SyncRecord>(_ type: Record.Type, where predicate: RecordPredicate<Record>) throws(ReplicaError) -> [Record] {
         try fetchAll(RecordQuery(type, where: predicate))
     }
 
     /// The records of `type` that `predicate` keeps, ordered by `sortedBy`, then by ID.
     public nonisolated func fetchAll<Record: SyncRecord, Comparator: SortComparator & Sendable>(
         _ type: Record.Type, where predicate: RecordPredicate<Record> = .all, sortedBy comparators: [Comparator]
-    ) throws -> [Record] where Comparator.Compared == Record {
+    ) throws(ReplicaError) -> [Record] where Comparator.Compared == Record {
         try fetchAll(RecordQuery(type, where: predicate, sortedBy: comparators))
     }
 
     /// The records of `type` for which `isIncluded` is true, ordered by ID.
     public nonisolated func fetchAll<Record: SyncRecord>(
         _ type: Record.Type, where isIncluded: @escaping @Sendable (Record) -> Bool
-    ) throws -> [Record] {
+    ) throws(ReplicaError) -> [Record] {
         try fetchAll(RecordQuery(type, where: isIncluded))
     }
 
     /// The records of `type` for which `isIncluded` is true, ordered by `sortedBy`, then by ID.
     public nonisolated func fetchAll<Record: SyncRecord, Comparator: SortComparator & Sendable>(
         _ type: Record.Type, where isIncluded: @escaping @Sendable (Record) -> Bool, sortedBy comparators: [Comparator]
-    ) throws -> [Record] where Comparator.Compared == Record {
+    ) throws(ReplicaError) -> [Record] where Comparator.Compared == Record {
         try fetchAll(RecordQuery(type, where: isIncluded, sortedBy: comparators))
     }
 
@@ -106,12 +106,12 @@ extension Replica {
 
     /// The record `reference` points at, or nil if it does not exist (never arrived here, or
     /// was deleted).
-    public nonisolated func resolve<Target: SyncRecord>(_ reference: Reference<Target>) throws -> Target? {
+    public nonisolated func resolve<Target: SyncRecord>(_ reference: Reference<Target>) throws(ReplicaError) -> Target? {
         try fetch(Target.self, id: reference.id)
     }
 
     /// The record `reference` points at, or nil if there is no reference or no such record.
-    public nonisolated func resolve<Target: SyncRecord>(_ reference: Reference<Target>?) throws -> Target? {
+    public nonisolated func resolve<Target: SyncRecord>(_ reference: Reference<Target>?) throws(ReplicaError) -> Target? {
         guard let reference else { return nil }
         return try resolve(reference)
     }
@@ -120,7 +120,7 @@ extension Replica {
     /// `replica.fetchAll(ShiftType.self, referencing: ward)`.
     public nonisolated func fetchAll<Record: SyncRecord, Target: SyncRecord>(
         _ type: Record.Type, referencing target: Target
-    ) throws -> [Record] {
+    ) throws(ReplicaError) -> [Record] {
         try fetchAll(type, where: .referencing(target))
     }
 }

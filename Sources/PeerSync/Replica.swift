@@ -20,19 +20,19 @@ import Synchronization
 /// try await replica.startSync(SyncConfiguration(security: .groupSecret(secret)))
 /// ```
 public actor Replica {
-    public nonisolated let store: ReplicaStore
+    package nonisolated let store: ReplicaStore
     /// The directory holding the store and the device key; empty for a replica in memory
     /// (``inMemory(name:groupName:logger:)``, ``isInMemory``).
     public nonisolated let directory: String
     nonisolated let logger: Logger
     /// This device's key (in `device-key.pem`, mode 0600; it never leaves the device).
-    public nonisolated let deviceKey: DeviceKey
+    package nonisolated let deviceKey: DeviceKey
     /// The sync group this replica belongs to.
-    public nonisolated let groupID: GroupID
+    package nonisolated let groupID: GroupID
     /// An upgraded group's old shared secret, if this store had one.
-    public nonisolated let legacySecret: GroupSecret?
+    package nonisolated let legacySecret: GroupSecret?
     /// While this device has not yet joined: the inviter and the entry it presents.
-    public internal(set) var pendingJoin: PendingJoin?
+    package internal(set) var pendingJoin: PendingJoin?
     var replicator: Replicator?
     private var node: SyncNode?
     var currentNode: SyncNode? { node }
@@ -57,7 +57,14 @@ public actor Replica {
 
     /// Opens the replica at `directory`, creating it (named `name`, default the host name) with a new group
     /// of which this device is the first admin if there is none. Fast, never touches the network.
-    public static func open(at directory: String, name: String? = nil, logger: Logger = Logger(label: "peersync")) throws -> Replica {
+    /// PeerSync logs to `logger` (debug and trace; warnings only for what the app must act on); by
+    /// default it logs nothing.
+    public static func open(at directory: String, name: String? = nil,
+                            logger: Logger = Logger(label: "peersync", factory: { _ in SwiftLogNoOpLogHandler() })) throws(ReplicaError) -> Replica {
+        try ReplicaError.wrapping { try openOrCreate(at: directory, name: name, logger: logger) }
+    }
+
+    private static func openOrCreate(at directory: String, name: String?, logger: Logger) throws -> Replica {
         guard FileManager.default.fileExists(atPath: ReplicaStore.path(in: directory)) else {
             return try create(at: directory, name: name ?? ProcessInfo.processInfo.hostName, logger: logger)
         }
@@ -66,7 +73,7 @@ public actor Replica {
 
     /// A replica over an open store in `directory` (where its device key lives). A store made by
     /// the previous version is upgraded here: it gets a device key and a group.
-    public init(store: ReplicaStore, directory: String, logger: Logger) throws {
+    package init(store: ReplicaStore, directory: String, logger: Logger) throws {
         self.store = store
         self.directory = directory
         self.logger = logger
@@ -98,20 +105,25 @@ public actor Replica {
         LocalIdentity(key: deviceKey, groupID: groupID, pendingJoin: pendingJoin, legacySecret: legacySecret)
     }
 
+    /// This replica's ID: the writer of its changes (a device's store has one; a copied or
+    /// restored store takes a new one).
     public nonisolated var replicaID: ReplicaID { store.replicaID }
     /// The current state (a snapshot; cheap).
-    public nonisolated var state: ReplicaState { store.state }
+    package nonisolated var state: ReplicaState { store.state }
 
     // MARK: - Reading
 
-    public nonisolated func fetch<R: SyncRecord>(_ type: R.Type, id: UUID) throws -> R? {
-        try store.state.fetch(type, id: id)
+    /// The record of type `R` with this ID, or nil if there is none (or it was deleted).
+    public nonisolated func fetch<R: SyncRecord>(_ type: R.Type, id: UUID) throws(ReplicaError) -> R? {
+        try ReplicaError.wrapping(otherwise: ReplicaError.invalidRecord) { try store.state.fetch(type, id: id) }
     }
 
-    public nonisolated func fetchAll<R: SyncRecord>(_ type: R.Type) throws -> [R] {
-        try store.state.fetchAll(type)
+    /// Every record of type `R`.
+    public nonisolated func fetchAll<R: SyncRecord>(_ type: R.Type) throws(ReplicaError) -> [R] {
+        try ReplicaError.wrapping(otherwise: ReplicaError.invalidRecord) { try store.state.fetchAll(type) }
     }
 
+    /// The setting `key` in `scope`, or nil if it is not set.
     public nonisolated func setting(_ key: String, scope: SettingScope) -> FieldValue? {
         store.state.setting(key, scope: scope)
     }
@@ -121,29 +133,33 @@ public actor Replica {
     /// Saves `record` (creating or updating it; only changed fields are written). Returns once
     /// committed to disk; peers receive it at once if sync is on (every commit reaches them
     /// the same way: the replicator follows the store's commit feed).
-    public func save<R: SyncRecord>(_ record: R) async throws {
-        try await commit { try $0.save(record) }
+    public func save<R: SyncRecord>(_ record: R) async throws(ReplicaError) {
+        try await ReplicaError.wrapping { try await commit { try $0.save(record) } }
     }
 
     /// Deletes a record. Returns false if there was no such record.
     @discardableResult
-    public func delete<R: SyncRecord>(_ type: R.Type, id: UUID) async throws -> Bool {
+    public func delete<R: SyncRecord>(_ type: R.Type, id: UUID) async throws(ReplicaError) -> Bool {
         var deleted = false
-        try await commit { state in
-            let delta = state.delete(type, id: id)
-            deleted = delta != nil
-            return delta
+        try await ReplicaError.wrapping {
+            try await commit { state in
+                let delta = state.delete(type, id: id)
+                deleted = delta != nil
+                return delta
+            }
         }
         return deleted
     }
 
-    public func setSetting(_ key: String, to value: FieldValue?, scope: SettingScope) async throws {
-        try await commit { $0.setSetting(key, to: value, scope: scope) }
+    /// Sets (or, with nil, removes) the setting `key` in `scope`: a synced one reaches every
+    /// device of the group, a local one never leaves this device.
+    public func setSetting(_ key: String, to value: FieldValue?, scope: SettingScope) async throws(ReplicaError) {
+        try await ReplicaError.wrapping { try await commit { $0.setSetting(key, to: value, scope: scope) } }
     }
 
     /// Runs any change as one transaction. Like every commit to the store, it reaches peers
     /// and ``changes()`` through the store's commit feed.
-    public func commit(_ body: (inout ReplicaState) throws -> RecordMap?) async throws {
+    package func commit(_ body: (inout ReplicaState) throws -> RecordMap?) async throws {
         guard try store.write(body) != nil else { return }
         scheduleCompaction()
     }
@@ -165,6 +181,7 @@ public actor Replica {
         return stream
     }
 
+    /// The sync status now.
     public var currentStatus: SyncStatus { status }
 
     private func republishStatus() { setStatus(status, force: true) }
@@ -182,7 +199,11 @@ public actor Replica {
     /// with every peer that connects, and ships other processes' commits. Returns the listening
     /// port (0 if not listening). Calling it again restarts sync with the new configuration.
     @discardableResult
-    public func startSync(_ configuration: SyncConfiguration) async throws -> UInt16 {
+    public func startSync(_ configuration: SyncConfiguration) async throws(ReplicaError) -> UInt16 {
+        try await ReplicaError.wrapping(otherwise: ReplicaError.network) { try await startSyncing(configuration) }
+    }
+
+    private func startSyncing(_ configuration: SyncConfiguration) async throws -> UInt16 {
         if replicator != nil { await stopSync() }
         self.configuration = configuration
         (repairs, refusedSessions) = (0, 0)
@@ -222,7 +243,7 @@ public actor Replica {
     /// Opens a sync session over a transport the app runs (MultipeerConnectivity, Network.framework,
     /// a WebSocket…): bytes in, bytes out, with the same catch-up, deltas and checks as TCP. Turns
     /// sync on without TCP if it is off. See ``SyncSession``.
-    public func openSession(address: String, initiator: Bool) async throws -> SyncSession {
+    public func openSession(address: String, initiator: Bool) async throws(ReplicaError) -> SyncSession {
         if replicator == nil { try await startSync(SyncConfiguration(security: .insecure, listen: nil)) }
         return await SyncSession.open(on: replicator!, address: address, initiator: initiator)
     }

@@ -9,6 +9,7 @@ public struct ReplicaChange: Sendable, Equatable {
     /// Where a change came from.
     public typealias Origin = ChangeOrigin
 
+    /// Where the change came from.
     public let origin: Origin
     /// The records that changed (a superset of those whose values changed; empty when so much
     /// changed that the replica reloaded — another process's large commit, a purge: re-read
@@ -16,52 +17,47 @@ public struct ReplicaChange: Sendable, Equatable {
     public let records: Set<RecordKey>
 }
 
-/// The changes of a replica as they are committed (``Replica/changes()``), for `for await`.
+/// The changes of a replica as they are committed (``Replica/changes()``), for `for await`:
+/// a sequence that is its own iterator.
 ///
 /// It never drops a change: while the reader is busy, changes accumulate as sets of record
 /// IDs per origin (memory grows with the records changed, not with the commits), and the next
 /// call to `next()` returns them, one ``ReplicaChange`` per origin. Iterate it once.
-public struct ReplicaChanges: AsyncSequence, Sendable {
+public struct ReplicaChanges: AsyncSequence, AsyncIteratorProtocol, Sendable {
     public typealias Element = ReplicaChange
     public typealias Failure = Never
     private let subscription: CommitSubscription
+    private var ready: [ReplicaChange] = []
 
     init(_ subscription: CommitSubscription) { self.subscription = subscription }
 
-    public func makeAsyncIterator() -> Iterator { Iterator(subscription: subscription) }
+    public func makeAsyncIterator() -> ReplicaChanges { self }
 
     /// Waits for the next change; nil once the iterating task is cancelled.
-    public struct Iterator: AsyncIteratorProtocol {
-        let subscription: CommitSubscription
-        private var ready: [ReplicaChange] = []
-
-        init(subscription: CommitSubscription) { self.subscription = subscription }
-
-        public mutating func next() async -> ReplicaChange? {
-            // Bounded: each wait returns for a commit (or cancellation), and a commit that
-            // changed no record (device-local settings) is skipped.
-            while ready.isEmpty {
-                guard await subscription.waitForChanges() else { return nil }
-                ready = Self.changes(in: subscription.drain())
-            }
-            return ready.removeFirst()
+    public mutating func next() async -> ReplicaChange? {
+        // Bounded: each wait returns for a commit (or cancellation), and a commit that
+        // changed no record (device-local settings) is skipped.
+        while ready.isEmpty {
+            guard await subscription.waitForChanges() else { return nil }
+            ready = Self.changes(in: subscription.drain())
         }
+        return ready.removeFirst()
+    }
 
-        /// One change per origin, in a fixed order (local, other processes, peers by replica).
-        static func changes(in pending: PendingChanges) -> [ReplicaChange] {
-            var changes = pending.reloadedBy.map { ReplicaChange(origin: $0, records: []) }
-            for (origin, keys) in pending.byOrigin where !pending.reloadedBy.contains(origin) && !keys.isEmpty {
-                changes.append(ReplicaChange(origin: origin, records: keys))
-            }
-            return changes.sorted { rank($0.origin) < rank($1.origin) }
+    /// One change per origin, in a fixed order (local, other processes, peers by replica).
+    static func changes(in pending: PendingChanges) -> [ReplicaChange] {
+        var changes = pending.reloadedBy.map { ReplicaChange(origin: $0, records: []) }
+        for (origin, keys) in pending.byOrigin where !pending.reloadedBy.contains(origin) && !keys.isEmpty {
+            changes.append(ReplicaChange(origin: origin, records: keys))
         }
+        return changes.sorted { rank($0.origin) < rank($1.origin) }
+    }
 
-        private static func rank(_ origin: ChangeOrigin) -> String {
-            switch origin {
-            case .local: "0"
-            case .otherProcess: "1"
-            case .peer(let name, let replica): "2\(replica.description)\(name)"
-            }
+    private static func rank(_ origin: ChangeOrigin) -> String {
+        switch origin {
+        case .local: "0"
+        case .otherProcess: "1"
+        case .peer(let name, let replica): "2\(replica.description)\(name)"
         }
     }
 }
@@ -82,6 +78,7 @@ public enum SyncStatus: Sendable, Equatable {
 
 /// What this device knows of its own removal from the group (``Replica/removal``).
 public struct RemovalNotice: Sendable, Equatable, CustomStringConvertible {
+    /// How this device learned of its removal: signed in its roster, or a peer's word.
     public enum Source: Sendable, Equatable {
         /// This device holds the admin's signed removal entry.
         case roster
@@ -91,6 +88,7 @@ public struct RemovalNotice: Sendable, Equatable, CustomStringConvertible {
         case peer(address: String)
     }
 
+    /// How this device learned of it.
     public let source: Source
     /// The admin who removed this device (its name, else its short device ID), if known here.
     public let by: String?

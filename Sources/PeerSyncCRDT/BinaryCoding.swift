@@ -14,7 +14,7 @@
 /// state invariants (unique names, `supersedes < timestamp`) are checked, so bytes from a
 /// hostile peer or a damaged file produce a ``BinaryDecodingError``, not a crash, a stall or a
 /// state that breaks the join laws. Limits on sizes are checked before anything is allocated.
-public enum BinaryDecodingError: Error, Equatable, CustomStringConvertible {
+package enum BinaryDecodingError: Error, Equatable, CustomStringConvertible {
     case truncated(String)
     case invalid(String)
     case unsupportedVersion(UInt8)

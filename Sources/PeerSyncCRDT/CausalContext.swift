@@ -5,7 +5,7 @@
 /// fill, so the representation is canonical: two contexts holding the same dots are `==`.
 ///
 /// `merge(_:)` is set union, a join-semilattice.
-public struct CausalContext: Hashable, Sendable {
+package struct CausalContext: Hashable, Sendable {
     /// replica → highest contiguous counter (never 0; absent means none seen).
     public private(set) var versionVector: [ReplicaID: UInt64]
     /// replica → counters above the vector's entry, seen out of order (never empty sets).
@@ -261,7 +261,7 @@ public struct CausalContext: Hashable, Sendable {
 }
 
 /// How two sets of seen events (or the states they describe) relate.
-public enum CausalRelation: Sendable, Equatable {
+package enum CausalRelation: Sendable, Equatable {
     case equal
     /// The left side saw a strict subset of what the right side saw.
     case happenedBefore

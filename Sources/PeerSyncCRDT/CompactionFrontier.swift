@@ -1,5 +1,5 @@
 /// What one member of the group (a device of the roster) has seen, as compaction needs it.
-public struct MemberView: Sendable, Hashable {
+package struct MemberView: Sendable, Hashable {
     /// The causal context the member last reported (its latest incarnation's); empty if it has
     /// reported nothing yet.
     public var seen: CausalContext
@@ -72,9 +72,9 @@ extension CausalContext {
 ///
 /// ``stable`` only grows, and the union of two frontiers' stable contexts is stable (each is
 /// below every member's context), so ``merge(_:)`` is a join: peers can pass it on.
-public struct CompactionFrontier: Sendable, Hashable {
+package struct CompactionFrontier: Sendable, Hashable {
     /// A meet waiting for the writers' frontier to be seen by everyone.
-    public struct Candidate: Sendable, Hashable {
+    package struct Candidate: Sendable, Hashable {
         /// The members when it was taken (it is dropped if they change).
         public var members: Set<ReplicaID>
         /// The meet of their seen contexts then.

@@ -2,7 +2,7 @@
 ///
 /// Every local mutation takes the next counter of its replica, so a replica's dots are
 /// 1, 2, 3, … without gaps. A ``CausalContext`` records which dots a replica has seen.
-public struct Dot: Hashable, Comparable, Sendable, CustomStringConvertible {
+package struct Dot: Hashable, Comparable, Sendable, CustomStringConvertible {
     public let replica: ReplicaID
     public let counter: UInt64
 

@@ -141,7 +141,7 @@ extension FieldValue {
 
     /// Decodes one value from the canonical encoding. Nesting deeper than
     /// ``ValidationLimits/maxValueDepth`` (64) levels, and a map with a key twice, are refused.
-    public init(decoding bytes: some Collection<UInt8>) throws(FieldValueDecodingError) {
+    package init(decoding bytes: some Collection<UInt8>) throws(FieldValueDecodingError) {
         var reader = ByteReader(Array(bytes))
         self = try FieldValue.decode(from: &reader, depth: 0)
         guard reader.isAtEnd else { throw .trailingBytes }
@@ -150,7 +150,7 @@ extension FieldValue {
     /// Decodes one value at the reader's position (nesting deeper than 64 levels is refused).
     ///
     /// - Complexity: O(bytes read); every count is checked against the bytes left first.
-    public static func decode(from reader: inout ByteReader, depth: Int) throws(FieldValueDecodingError) -> FieldValue {
+    package static func decode(from reader: inout ByteReader, depth: Int) throws(FieldValueDecodingError) -> FieldValue {
         guard depth < ValidationLimits.maxValueDepth else { throw .tooDeep }
         guard let tag = reader.readByte() else { throw .truncated }
         switch tag {
@@ -210,7 +210,7 @@ extension FieldValue {
     }
 
     /// Feeds the canonical encoding to `hasher` without building it in memory.
-    public func feed(into hasher: inout StableHasher) {
+    package func feed(into hasher: inout StableHasher) {
         hasher.combine(tag)
         switch self {
         case .null, .bool: break
@@ -237,7 +237,7 @@ extension FieldValue {
 }
 
 /// Why bytes are not a canonical ``FieldValue``.
-public enum FieldValueDecodingError: Error, Equatable, CustomStringConvertible {
+package enum FieldValueDecodingError: Error, Equatable, CustomStringConvertible {
     case truncated
     case trailingBytes
     case invalidUTF8

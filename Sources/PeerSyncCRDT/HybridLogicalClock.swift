@@ -41,9 +41,11 @@ extension HLCTimestamp: JoinSemilattice {
 /// timestamp greater than `t`, even if the local wall clock is behind.
 ///
 /// The physical clock is injectable so tests can skew and freeze time.
-public struct HybridLogicalClock: Sendable {
+@usableFromInline
+package struct HybridLogicalClock: Sendable {
     /// Milliseconds since 1970.
-    public typealias PhysicalClock = @Sendable () -> UInt64
+    @usableFromInline
+    package typealias PhysicalClock = @Sendable () -> UInt64
 
     /// The largest timestamp issued or observed.
     public private(set) var latest: HLCTimestamp
@@ -56,7 +58,8 @@ public struct HybridLogicalClock: Sendable {
 
     /// The system's wall clock in milliseconds since 1970 (0 before 1970, and at most
     /// ``ValidationLimits/maxPhysicalMilliseconds``).
-    public static let wallClock: PhysicalClock = {
+    @usableFromInline
+    package static let wallClock: PhysicalClock = {
         let milliseconds = Date().timeIntervalSince1970 * 1000
         guard milliseconds > 0 else { return 0 }  // also NaN
         return UInt64(min(milliseconds, Double(ValidationLimits.maxPhysicalMilliseconds)))

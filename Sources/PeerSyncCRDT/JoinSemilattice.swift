@@ -8,7 +8,7 @@
 ///
 /// CRDTs must have value semantics: `merge` changes only `self`.
 /// See Shapiro et al., "Conflict-free Replicated Data Types" (2011).
-public protocol JoinSemilattice: Equatable {
+package protocol JoinSemilattice: Equatable {
     /// Joins `other` into `self`.
     mutating func merge(_ other: Self)
 }
@@ -27,7 +27,7 @@ extension JoinSemilattice {
 /// `self`; joining the delta into any other replica has the effect of the mutation there.
 ///
 /// Besides the join laws: for a mutation `m` returning `d` from state `x`, `x ⊔ d == m(x)`.
-public protocol DeltaCRDT: JoinSemilattice {
+package protocol DeltaCRDT: JoinSemilattice {
     /// The dots this state has seen.
     var context: CausalContext { get }
 }
@@ -35,7 +35,7 @@ public protocol DeltaCRDT: JoinSemilattice {
 /// A delta CRDT that can compute what a peer lacks from the peer's causal context alone
 /// (anti-entropy). Law: for reachable states `a`, `b`:
 /// `b.merged(with: a.delta(missingFrom: b.context)) == b.merged(with: a)`.
-public protocol AntiEntropyCRDT: DeltaCRDT {
+package protocol AntiEntropyCRDT: DeltaCRDT {
     /// The part of `self` a replica whose context is `peer` lacks. For an empty context this is
     /// the full state.
     func delta(missingFrom peer: CausalContext) -> Self

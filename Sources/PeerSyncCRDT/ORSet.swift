@@ -8,7 +8,7 @@
 /// metadata stays proportional to live elements + replicas however many add/remove cycles run.
 ///
 /// Mutators return the delta they applied; ship it to peers and `merge` it there.
-public struct ORSet<Element: Hashable & Sendable>: Sendable {
+package struct ORSet<Element: Hashable & Sendable>: Sendable {
     /// element → dots of its live adds (never empty).
     public private(set) var entries: [Element: Set<Dot>]
     public private(set) var context: CausalContext

@@ -1,7 +1,7 @@
 /// The digest split by collection and by writer, to say *where* two states differ when their
 /// digests do (the convergence watchdog). Computed from scratch — it is needed only when
 /// something is wrong.
-public struct DigestBreakdown: Sendable, Equatable {
+package struct DigestBreakdown: Sendable, Equatable {
     /// Fields and presence entries of each collection.
     public var collections: [String: StateDigest] = [:]
     /// Fields written by, presence entries of, and context entries of each replica.

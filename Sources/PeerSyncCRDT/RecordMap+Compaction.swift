@@ -8,7 +8,7 @@
 /// give the rule and the reasoning.
 extension RecordMap {
     /// What one purge removed.
-    public struct PurgeResult: Sendable, Equatable {
+    package struct PurgeResult: Sendable, Equatable {
         /// The records removed, in no particular order.
         public var keys: [RecordKey] = []
         /// Field registers removed with them.

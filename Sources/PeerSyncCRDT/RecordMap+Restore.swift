@@ -173,7 +173,7 @@ extension CausalContext {
 
 /// A complete catch-up round a peer sent (PROTOCOL §6.5): every record it holds, because this
 /// replica's context lacked part of the stable context the peer compacted with.
-public struct CompleteRound: Sendable, Equatable {
+package struct CompleteRound: Sendable, Equatable {
     /// The stable context the peer compacted with.
     public var stable: CausalContext
     /// Every record the round carried.

@@ -12,7 +12,7 @@
 ///
 /// Deltas are `RecordMap`s too, so they compose: joining two deltas gives a delta that has the
 /// effect of both.
-public struct RecordMap: Sendable {
+package struct RecordMap: Sendable {
     /// collection → record ID → state. Never holds empty collections or empty records.
     public internal(set) var collections: [String: [UUID: RecordState]]
     /// Every dot this state has seen.
@@ -287,7 +287,7 @@ extension RecordMap: Equatable {
 }
 
 /// Two concurrent writes to one field met; `winner` is kept, `loser` is reported.
-public struct FieldConflict: Hashable, Sendable {
+package struct FieldConflict: Hashable, Sendable {
     public let key: RecordKey
     public let field: String
     public let winner: FieldRegister
@@ -302,7 +302,7 @@ public struct FieldConflict: Hashable, Sendable {
 }
 
 /// What one ``RecordMap/apply(_:)`` changed.
-public struct MergeOutcome: Sendable {
+package struct MergeOutcome: Sendable {
     /// Field registers replaced or added.
     public internal(set) var changedFieldCount = 0
     /// Presence entries changed (records created, deleted or revived).

@@ -33,7 +33,7 @@ public struct RecordKey: Hashable, Comparable, Sendable, CustomStringConvertible
 /// is older than the loser's timestamp, the winner's writer never saw the loser — the two
 /// writes were concurrent. (No false alarms; a concurrent loser can go unreported when its
 /// winner itself replaced a third, newer concurrent value.)
-public struct FieldRegister: Hashable, Sendable {
+package struct FieldRegister: Hashable, Sendable {
     // Declared stamp first: the synthesized `==` compares in this order, so two registers of
     // different writes differ at the first word, before any value (a string on the heap) is read.
     public let timestamp: HLCTimestamp
@@ -71,7 +71,7 @@ public struct FieldRegister: Hashable, Sendable {
 /// removed entry beats a live one; two removals keep the smaller remover. A replica's later
 /// write always observed its earlier one, so keeping only the latest entry per replica loses
 /// nothing: presence costs one entry per replica that ever wrote the record.
-public struct PresenceEntry: Hashable, Sendable {
+package struct PresenceEntry: Hashable, Sendable {
     public let counter: UInt64
     public let removedBy: Dot?
 
@@ -97,7 +97,7 @@ public struct PresenceEntry: Hashable, Sendable {
 /// Deleting a record kills the presence entries the deleter observed but keeps the fields,
 /// so an edit made concurrently with the delete (a presence entry the deleter never saw)
 /// brings the record back with all its last-known fields, not just the edited one.
-public struct RecordState: Hashable, Sendable {
+package struct RecordState: Hashable, Sendable {
     /// Field name → register, in name order (`String`'s `<`, the order encodings write).
     public internal(set) var fields: SortedMap<String, FieldRegister>
     /// Writer → its presence entry, in replica order.

@@ -14,7 +14,7 @@
 /// report's sequence: of two reports of one replica the later one wins. This type holds the
 /// fields and the bytes; signing and verifying against the roster are in `PeerSyncIdentity`
 /// (`SeenReport+Signing.swift`), which has the keys.
-public struct SeenReport: Sendable, Hashable {
+package struct SeenReport: Sendable, Hashable {
     /// The body's format byte.
     public static let format: UInt8 = 1
     /// What a signature signs before the body.
@@ -111,9 +111,9 @@ public struct SeenReport: Sendable, Hashable {
 /// The newest signed report of each replica known here (PROTOCOL §19): what compaction reads.
 /// Reports only replace older ones of the same replica (a later `time`); an older or equal one
 /// changes nothing, so late, duplicated or reordered reports are harmless.
-public struct SeenReports: Sendable, Equatable {
+package struct SeenReports: Sendable, Equatable {
     /// How an offered report compares with the one held for its replica.
-    public enum Offer: Sendable, Equatable {
+    package enum Offer: Sendable, Equatable {
         /// Nothing held for the replica, or an earlier report: it would replace it.
         case newer
         /// The same report again.
@@ -173,7 +173,7 @@ public struct SeenReports: Sendable, Equatable {
 }
 
 /// What recording a batch of peers' reports did.
-public struct RecordedReports: Sendable, Equatable {
+package struct RecordedReports: Sendable, Equatable {
     /// Reports that replaced older ones (compaction may go further).
     public var grew = false
     /// Reports of this store's own replica IDs that it did not sign: its lost future's.

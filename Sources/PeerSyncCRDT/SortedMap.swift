@@ -12,9 +12,9 @@
 ///
 /// Iteration yields `(key:value:)` pairs in ascending key order; the subscript by key reads,
 /// replaces, inserts and (assigning `nil`) removes as a `Dictionary`'s does.
-public struct SortedMap<Key: Comparable & Hashable & Sendable, Value: Hashable & Sendable>: Hashable, Sendable {
+package struct SortedMap<Key: Comparable & Hashable & Sendable, Value: Hashable & Sendable>: Hashable, Sendable {
     /// One entry of the map's storage.
-    public struct Entry: Hashable, Sendable {
+    package struct Entry: Hashable, Sendable {
         public var key: Key
         public var value: Value
 
@@ -134,9 +134,9 @@ public struct SortedMap<Key: Comparable & Hashable & Sendable, Value: Hashable &
 }
 
 extension SortedMap: RandomAccessCollection {
-    public typealias Element = (key: Key, value: Value)
-    public typealias Index = Int
-    public typealias Indices = Range<Int>
+    package typealias Element = (key: Key, value: Value)
+    package typealias Index = Int
+    package typealias Indices = Range<Int>
 
     @inlinable public var startIndex: Int { 0 }
     @inlinable public var endIndex: Int { entries.count }

@@ -3,7 +3,7 @@
 /// Unlike Swift's `Hasher`, which is seeded per process, this gives the same value on every
 /// replica and every run, so it can name state across machines (``StateDigest``).
 /// It is not a MAC here: the key is public. Input is fed as whole 64-bit words and byte runs.
-public struct StableHasher: Sendable {
+package struct StableHasher: Sendable {
     private var v0: UInt64 = 0x736f_6d65_7073_6575 ^ 0x5065_6572_5379_6e63 // "PeerSync"
     private var v1: UInt64 = 0x646f_7261_6e64_6f6d ^ 0x2d64_6967_6573_7431 ^ 0xee
     private var v2: UInt64 = 0x6c79_6765_6e65_7261 ^ 0x5065_6572_5379_6e63
@@ -134,7 +134,7 @@ public struct StableHasher: Sendable {
 /// whole state per edit — and the result does not depend on the order elements were added.
 /// Two replicas with equal states have equal digests; unequal states collide with probability
 /// about 2⁻¹²⁸ per comparison (for honest, non-adversarial states).
-public struct StateDigest: Hashable, Sendable, CustomStringConvertible {
+package struct StateDigest: Hashable, Sendable, CustomStringConvertible {
     public private(set) var high: UInt64
     public private(set) var low: UInt64
 

@@ -18,7 +18,7 @@
 /// Strings, byte strings, lists and maps have no limit of their own: each is bounded by the
 /// bytes left in its frame (4 MiB on the wire), and every count is checked against those
 /// bytes before anything is allocated.
-public enum ValidationLimits {
+package enum ValidationLimits {
     /// The largest event counter (the counter of a ``Dot``): 2⁵³ = 9,007,199,254,740,992.
     ///
     /// A replica making a million writes a second would need 285 years to use them up, and
@@ -79,7 +79,7 @@ public enum ValidationLimits {
 /// Honest replicas never get there (it takes 2⁵³ changes); a peer that sent a dot of this
 /// replica with the largest counter did. The replica's data is intact and keeps syncing; to
 /// edit again, create a new replica (a new replica ID) and sync it from a peer.
-public struct CounterExhaustedError: Error, Equatable, Sendable, CustomStringConvertible {
+package struct CounterExhaustedError: Error, Equatable, Sendable, CustomStringConvertible {
     /// The replica that cannot take another dot.
     public let replica: ReplicaID
 
@@ -95,7 +95,7 @@ public struct CounterExhaustedError: Error, Equatable, Sendable, CustomStringCon
 
 /// Why a value built in memory breaks a bound of ``ValidationLimits`` (values decoded from
 /// bytes are refused with a ``BinaryDecodingError`` instead).
-public struct LimitViolationError: Error, Equatable, Sendable, CustomStringConvertible {
+package struct LimitViolationError: Error, Equatable, Sendable, CustomStringConvertible {
     public let description: String
 
     public init(_ description: String) {

@@ -1,5 +1,5 @@
 /// LEB128 unsigned varints, as in protobuf: 7 bits a byte, low bits first, high bit = more.
-public enum Varint {
+package enum Varint {
     @inline(__always)
     public static func append(_ value: UInt64, to out: inout [UInt8]) {
         var v = value
@@ -20,7 +20,7 @@ public enum Varint {
 }
 
 /// Reads the canonical encodings; every read is bounds-checked and returns nil when short.
-public struct ByteReader {
+package struct ByteReader {
     public let bytes: [UInt8]
     public private(set) var offset: Int = 0
 

@@ -1,5 +1,5 @@
 /// The order of last-writer-wins: hybrid timestamp first, then the writing replica.
-public struct WriteStamp: Hashable, Comparable, Sendable, CustomStringConvertible {
+package struct WriteStamp: Hashable, Comparable, Sendable, CustomStringConvertible {
     public let time: HLCTimestamp
     public let replica: ReplicaID
 
@@ -20,7 +20,7 @@ public struct WriteStamp: Hashable, Comparable, Sendable, CustomStringConvertibl
 /// The join keeps the value with the larger ``WriteStamp``. Each stamp belongs to one write,
 /// so two registers with equal stamps hold equal values; should that invariant be broken,
 /// the join still picks deterministically (by `Value`'s order) so replicas cannot diverge.
-public struct LWWRegister<Value: Comparable & Sendable>: Sendable {
+package struct LWWRegister<Value: Comparable & Sendable>: Sendable {
     public private(set) var value: Value
     public private(set) var stamp: WriteStamp
 

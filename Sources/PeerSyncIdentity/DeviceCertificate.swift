@@ -11,7 +11,7 @@ import X509
 /// device by the fingerprint of its key, ``DeviceID``, never by a name). Random 20-byte serial
 /// number, ECDSA-with-SHA256, basic constraints CA:false, key usage digitalSignature, extended
 /// key usage serverAuth + clientAuth (one certificate for dialing and for accepting).
-public struct DeviceCertificate: Sendable {
+package struct DeviceCertificate: Sendable {
     /// DER bytes, as NIOSSL loads them (`NIOSSLCertificate(bytes:format: .der)`).
     public let derBytes: [UInt8]
     /// The device ID of the certified key.

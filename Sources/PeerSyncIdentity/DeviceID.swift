@@ -35,7 +35,7 @@ public struct DeviceID: Hashable, Comparable, Sendable, CustomStringConvertible 
     ///
     /// Only the key counts: the subject name and every other field are ignored, and the
     /// certificate's own signature is not checked (TLS proves the peer holds the private key).
-    public init(certificateDER: [UInt8]) throws(DeviceIDError) {
+    package init(certificateDER: [UInt8]) throws(DeviceIDError) {
         let certificate: Certificate
         do {
             certificate = try Certificate(derEncoded: certificateDER)
@@ -46,7 +46,7 @@ public struct DeviceID: Hashable, Comparable, Sendable, CustomStringConvertible 
     }
 
     /// The device ID of the P-256 key of `certificate`.
-    public init(certificate: Certificate) throws(DeviceIDError) {
+    package init(certificate: Certificate) throws(DeviceIDError) {
         guard let key = P256.Signing.PublicKey(certificate.publicKey) else {
             throw .notP256
         }
@@ -54,7 +54,7 @@ public struct DeviceID: Hashable, Comparable, Sendable, CustomStringConvertible 
     }
 
     /// Parses the human form; the error says what is wrong and where.
-    public init(parsing text: String) throws(DeviceIDParseError) {
+    package init(parsing text: String) throws(DeviceIDParseError) {
         let typed = TypedCharacters(text)
         let expected = CrockfordBase32.characterCount(forBytes: Self.byteCount)
         var values: [Int] = []
@@ -83,7 +83,7 @@ public struct DeviceID: Hashable, Comparable, Sendable, CustomStringConvertible 
 }
 
 /// Why a certificate yields no device ID.
-public enum DeviceIDError: Error, Equatable, CustomStringConvertible {
+package enum DeviceIDError: Error, Equatable, CustomStringConvertible {
     case notACertificate(String)
     case notP256
 
@@ -96,7 +96,7 @@ public enum DeviceIDError: Error, Equatable, CustomStringConvertible {
 }
 
 /// Why a string is not a device ID.
-public enum DeviceIDParseError: Error, Equatable, CustomStringConvertible {
+package enum DeviceIDParseError: Error, Equatable, CustomStringConvertible {
     case badCharacter(Character, position: Int)
     case wrongLength(found: Int)
 

@@ -15,7 +15,7 @@ import Darwin
 ///
 /// File format: PEM (`-----BEGIN PRIVATE KEY-----`, PKCS #8), written by ``create(at:)``.
 /// ``load(from:)`` also reads a SEC1 PEM (`BEGIN EC PRIVATE KEY`), DER, or the raw 32-byte scalar.
-public struct DeviceKey: Sendable {
+package struct DeviceKey: Sendable {
     /// The private key. Never leaves the device.
     public let privateKey: P256.Signing.PrivateKey
     /// The public key and its device ID.
@@ -168,7 +168,7 @@ private func posixWrite(_ fd: Int32, _ buffer: UnsafeRawPointer?, _ count: Int) 
 }
 
 /// Why a device key file cannot be used. Each description is one line naming the file and what to do.
-public enum DeviceKeyError: Error, Equatable, CustomStringConvertible {
+package enum DeviceKeyError: Error, Equatable, CustomStringConvertible {
     case missing(path: String)
     case accessibleByOthers(path: String, mode: UInt32)
     case notAFile(path: String)
@@ -198,7 +198,7 @@ public enum DeviceKeyError: Error, Equatable, CustomStringConvertible {
 }
 
 /// A device's public key with its device ID; compares by key bytes.
-public struct DevicePublicKey: Hashable, Sendable, CustomStringConvertible {
+package struct DevicePublicKey: Hashable, Sendable, CustomStringConvertible {
     /// The key.
     public let key: P256.Signing.PublicKey
     /// SEC1 uncompressed point `04 ‖ X ‖ Y` (65 bytes): the form roster entries carry.

@@ -13,7 +13,7 @@ import PeerSyncCRDT
 ///
 /// Everything else is derived with HKDF-SHA256 (salt "peersync v1"): the TLS pre-shared key and
 /// the opaque discovery tag (which reveals nothing about the secret or any group name).
-public struct GroupSecret: Sendable, Equatable {
+package struct GroupSecret: Sendable, Equatable {
     public static let byteCount = 20
     public let bytes: [UInt8]
 
@@ -100,7 +100,7 @@ public struct GroupSecret: Sendable, Equatable {
 }
 
 /// Why a string is not an invite code.
-public enum InviteCodeError: Error, Equatable, CustomStringConvertible {
+package enum InviteCodeError: Error, Equatable, CustomStringConvertible {
     case badPrefix
     case wrongLength(Int)
     case badCharacter(Character)

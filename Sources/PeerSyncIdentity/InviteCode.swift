@@ -15,18 +15,18 @@
 /// open recorded traffic.
 public struct InviteCode: Hashable, Sendable, CustomStringConvertible {
     /// The group to join.
-    public let groupID: GroupID
+    package let groupID: GroupID
     /// The admin device that made the invite: the joiner's first peer must be this device.
     public let inviter: DeviceID
     /// The single-use secret the joiner reveals in its enrol entry.
-    public let token: InviteToken
+    package let token: InviteToken
 
     static let prefix = "PS2"
     static let payloadBytes = GroupID.byteCount + DeviceID.byteCount + InviteToken.byteCount
     static let dataCharacters = CrockfordBase32.characterCount(forBytes: payloadBytes)
 
     /// A code from its parts (``text`` renders it).
-    public init(groupID: GroupID, inviter: DeviceID, token: InviteToken) {
+    package init(groupID: GroupID, inviter: DeviceID, token: InviteToken) {
         self.groupID = groupID
         self.inviter = inviter
         self.token = token

@@ -14,7 +14,7 @@ import PeerSyncCRDT
 /// Derivation: HKDF-SHA256 with the secret as input key material, salt `"peersync v1"`, info
 /// `"roster legacy key"` followed by one counter byte (0, then 1, … in the negligible case that
 /// 32 bytes are not a valid P-256 scalar), 32 bytes, read as the big-endian private scalar.
-public struct LegacyGroupKey: Sendable {
+package struct LegacyGroupKey: Sendable {
     /// The derived private key (known to every holder of the old secret).
     public let privateKey: P256.Signing.PrivateKey
     /// Its public key, carried by legacyEnrol entries.

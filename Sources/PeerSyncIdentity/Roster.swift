@@ -43,7 +43,7 @@ import PeerSyncCRDT
 /// ``ineffective`` with a reason, for logging.
 public struct Roster: Sendable {
     /// How a device came into the group.
-    public enum Origin: Hashable, Sendable {
+    package enum Origin: Hashable, Sendable {
         /// It signed the genesis entry.
         case createdGroup
         /// An admin added it.
@@ -61,12 +61,12 @@ public struct Roster: Sendable {
         /// When (the removing entry's timestamp).
         public let at: HLCTimestamp
         /// The removing entry.
-        public let entry: RosterEntryID
+        package let entry: RosterEntryID
         /// Replica ID → highest counter that still counts. Several removals of one device merge by
         /// taking the maximum per replica (what any remover had seen was already spread).
         public internal(set) var dataCutoff: [ReplicaID: UInt64]
         /// The removed device's entries the removers had seen (heads of its chain); its other entries are void.
-        public internal(set) var rosterHeads: Set<RosterEntryID>
+        package internal(set) var rosterHeads: Set<RosterEntryID>
     }
 
     /// A device of the group, active or removed.
@@ -74,20 +74,20 @@ public struct Roster: Sendable {
         /// Its device ID.
         public let id: DeviceID
         /// Its public key.
-        public let publicKey: DevicePublicKey
+        package let publicKey: DevicePublicKey
         /// Its current name.
         public internal(set) var name: String
         /// Its current role (as of its removal, if removed).
         public internal(set) var role: DeviceRole
         /// How it joined.
-        public let origin: Origin
+        package let origin: Origin
         /// Who let it in: the admin who added it, or who made the invite it used; nil for the
         /// group's creator and for legacy enrolment.
         public let addedBy: DeviceID?
         /// When it joined (timestamp of the entry that brought it in).
         public let addedAt: HLCTimestamp
         /// The entry that brought it in.
-        public let addedByEntry: RosterEntryID
+        package let addedByEntry: RosterEntryID
         /// Set once it has been removed.
         public internal(set) var removal: Removal?
 
@@ -98,7 +98,7 @@ public struct Roster: Sendable {
     /// An invite and what became of it.
     public struct Invite: Hashable, Sendable {
         /// Names the invite (hash of its token).
-        public let hash: InviteHash
+        package let hash: InviteHash
         /// The role the joiner gets.
         public let role: DeviceRole
         /// The admin who made it.
@@ -143,7 +143,7 @@ public struct Roster: Sendable {
     }
 
     /// An entry that does not count, and why (for a log line).
-    public struct IneffectiveEntry: Hashable, Sendable, CustomStringConvertible {
+    package struct IneffectiveEntry: Hashable, Sendable, CustomStringConvertible {
         /// The entry.
         public let entry: RosterEntry
         /// Why it does not count (one line).
@@ -155,7 +155,7 @@ public struct Roster: Sendable {
     }
 
     /// Why a dot of a removed device is refused.
-    public struct DotRefusal: Hashable, Sendable, CustomStringConvertible {
+    package struct DotRefusal: Hashable, Sendable, CustomStringConvertible {
         /// The refused write.
         public let dot: Dot
         /// The removed device that claimed its replica.
@@ -169,11 +169,11 @@ public struct Roster: Sendable {
     }
 
     /// The group.
-    public let groupID: GroupID
+    package let groupID: GroupID
     /// Every entry of this group, by ID.
-    public let entries: [RosterEntryID: RosterEntry]
+    package let entries: [RosterEntryID: RosterEntry]
     /// This group's entries in evaluation order.
-    public let order: [RosterEntryID]
+    package let order: [RosterEntryID]
     /// The group's name (from genesis or the first legacyGenesis); nil until known.
     public private(set) var groupName: String?
     /// Every device that ever joined, active or removed.
@@ -185,21 +185,21 @@ public struct Roster: Sendable {
     /// Replica IDs claimed by removed devices in claims that did not count (see ``refusal(of:)``).
     public private(set) var claimsOfRemovedDevices: [ReplicaID: DeviceID] = [:]
     /// Invites by hash.
-    public private(set) var invites: [InviteHash: Invite] = [:]
+    package private(set) var invites: [InviteHash: Invite] = [:]
     /// The closeLegacy entry that closed legacy enrolment, if any.
-    public private(set) var legacyClosedBy: RosterEntryID?
+    package private(set) var legacyClosedBy: RosterEntryID?
     /// legacyEnrol entries named by the counting closeLegacy entries.
-    public private(set) var countedLegacyEnrols: Set<RosterEntryID> = []
+    package private(set) var countedLegacyEnrols: Set<RosterEntryID> = []
     /// Entries that do not count, in evaluation order, with reasons; also entries of other groups.
-    public private(set) var ineffective: [IneffectiveEntry] = []
+    package private(set) var ineffective: [IneffectiveEntry] = []
     /// Entries that count.
-    public private(set) var effective: Set<RosterEntryID> = []
+    package private(set) var effective: Set<RosterEntryID> = []
     /// Evaluation rounds the last evaluation took (1 unless entries were voided).
     public private(set) var rounds = 0
 
     /// Evaluates `entries` for group `groupID`. Entries of other groups are listed in
     /// ``ineffective`` and otherwise ignored; duplicates count once.
-    public init(groupID: GroupID, entries: some Sequence<RosterEntry>) {
+    package init(groupID: GroupID, entries: some Sequence<RosterEntry>) {
         self.groupID = groupID
         var own: [RosterEntryID: RosterEntry] = [:]
         var foreign: [IneffectiveEntry] = []
@@ -245,7 +245,7 @@ public struct Roster: Sendable {
     }
 
     /// The roster with `more` entries added (re-evaluated from scratch).
-    public func adding(_ more: some Sequence<RosterEntry>) -> Roster {
+    package func adding(_ more: some Sequence<RosterEntry>) -> Roster {
         Roster(groupID: groupID, entries: Array(entries.values) + Array(more))
     }
 
@@ -324,7 +324,7 @@ public struct Roster: Sendable {
     /// Non-nil if `dot` was written by a removed device beyond its cutoff: its replica is claimed
     /// by a removed device and its counter exceeds the cutoff for that replica (0 if the
     /// removal lists none).
-    public func refusal(of dot: Dot) -> DotRefusal? {
+    package func refusal(of dot: Dot) -> DotRefusal? {
         guard let device = writers[dot.replica] ?? claimsOfRemovedDevices[dot.replica],
               let removal = devices[device]?.removal ?? banned[device] else { return nil }
         let cutoff = removal.dataCutoff[dot.replica] ?? 0
@@ -335,13 +335,13 @@ public struct Roster: Sendable {
     public var isLegacyEnrolmentClosed: Bool { legacyClosedBy != nil }
 
     /// The status of the invite `hash` at wall-clock `now` (ms since 1970); nil if there is no such invite.
-    public func inviteStatus(_ hash: InviteHash, now: UInt64) -> InviteStatus? { invites[hash]?.status(now: now) }
+    package func inviteStatus(_ hash: InviteHash, now: UInt64) -> InviteStatus? { invites[hash]?.status(now: now) }
 
     /// The live check when a device presents an invite token (at wall-clock `now`): nil if the
     /// invite is open, else the one line saying why not (unknown, used, expired or revoked).
     /// Use it on the member the joiner connects to; the roster's own rule compares the enrol
     /// entry's timestamp instead, which a dishonest joiner could backdate.
-    public func joinRefusal(token: InviteToken, now: UInt64) -> String? {
+    package func joinRefusal(token: InviteToken, now: UInt64) -> String? {
         guard let status = inviteStatus(token.hash, now: now) else {
             return "invite \(token.hash) is unknown to this group (wrong group, or not yet synced here)"
         }
@@ -351,7 +351,7 @@ public struct Roster: Sendable {
 
     /// The heads of `device`'s chain of entries: its entries that no other entry of its names as
     /// `previous`. Sorted by evaluation order.
-    public func heads(of device: DeviceID) -> [RosterEntryID] {
+    package func heads(of device: DeviceID) -> [RosterEntryID] {
         let own = entries.values.filter { $0.signer == device }
         let referenced = Set(own.compactMap(\.previous))
         return own.filter { !referenced.contains($0.id) }.sorted(by: Self.evaluationOrder).map(\.id)
@@ -359,14 +359,14 @@ public struct Roster: Sendable {
 
     /// The context for a new entry signed by `signer` at `timestamp`: this group, and as
     /// `previous` the signer's latest entry (its last head in evaluation order).
-    public func context(for signer: DeviceID, at timestamp: HLCTimestamp) -> RosterEntryContext {
+    package func context(for signer: DeviceID, at timestamp: HLCTimestamp) -> RosterEntryContext {
         RosterEntryContext(groupID: groupID, timestamp: timestamp, previous: heads(of: signer).last)
     }
 
     /// The payload that removes `device`, as seen by a replica whose causal context is `seen`:
     /// the cutoff lists every replica the device claimed with the highest counter seen, and the
     /// roster heads are the device's heads here.
-    public func removal(of device: DeviceID, seen: CausalContext) -> RosterPayload {
+    package func removal(of device: DeviceID, seen: CausalContext) -> RosterPayload {
         var cutoff: [ReplicaID: UInt64] = [:]
         for (replica, claimant) in writers where claimant == device {
             cutoff[replica] = seen.maxCounter(of: replica)
@@ -375,7 +375,7 @@ public struct Roster: Sendable {
     }
 
     /// The payload that closes legacy enrolment, counting the legacyEnrol entries that count now.
-    public func closingLegacyEnrolment() -> RosterPayload {
+    package func closingLegacyEnrolment() -> RosterPayload {
         .closeLegacy(counted: entries.values.filter { $0.kind == .legacyEnrol && effective.contains($0.id) }.map(\.id))
     }
 }

@@ -97,7 +97,7 @@ extension RosterEntry {
 }
 
 /// Why bytes are not a roster entry, or a roster entry cannot be built. One line each.
-public enum RosterEntryError: Error, Hashable, CustomStringConvertible {
+package enum RosterEntryError: Error, Hashable, CustomStringConvertible {
     case truncated
     case tooLarge(Int)
     case trailingBytes(Int)

@@ -3,7 +3,7 @@ import PeerSyncCRDT
 
 /// What a roster entry says. Each kind names who may sign it (checked when the roster is
 /// evaluated, ``Roster``); the signer's key is carried by every entry, not repeated here.
-public enum RosterPayload: Hashable, Sendable {
+package enum RosterPayload: Hashable, Sendable {
     /// Creates the group; the signer is its creator and first admin. Self-signed; the group ID is
     /// the entry's own ID.
     case genesis(groupName: String, creatorName: String)
@@ -57,9 +57,9 @@ public enum RosterPayload: Hashable, Sendable {
 /// A value of this type has been decoded (or built) and checked: canonical encoding, valid
 /// signature by ``signerKey``, and for legacy kinds a valid legacy proof. Whether it *counts*
 /// depends on the rest of the roster (``Roster``).
-public struct RosterEntry: Hashable, Sendable, CustomStringConvertible {
+package struct RosterEntry: Hashable, Sendable, CustomStringConvertible {
     /// Entry kinds and their codes.
-    public enum Kind: UInt8, Hashable, Sendable, CaseIterable, CustomStringConvertible {
+    package enum Kind: UInt8, Hashable, Sendable, CaseIterable, CustomStringConvertible {
         case genesis = 1, add, remove, rename, invite, revokeInvite, enrol, writer, legacyGenesis, legacyEnrol, closeLegacy
 
         public var description: String {
@@ -306,7 +306,7 @@ public struct RosterEntry: Hashable, Sendable, CustomStringConvertible {
 
 /// What an entry needs besides its payload: the group, the signer's timestamp, and the signer's
 /// previous entry (``Roster/context(for:at:)`` fills it in).
-public struct RosterEntryContext: Hashable, Sendable {
+package struct RosterEntryContext: Hashable, Sendable {
     /// The group the entry belongs to.
     public var groupID: GroupID
     /// The signer's HLC timestamp for the entry (tick the clock after observing the roster).

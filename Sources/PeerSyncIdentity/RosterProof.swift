@@ -32,7 +32,7 @@ extension Roster {
     /// genesis alone.
     ///
     /// - Complexity: at most 64 evaluations of a roster of at most ``maxProofEntries`` entries.
-    public func admissionProof(of device: DeviceID) -> [RosterEntry]? {
+    package func admissionProof(of device: DeviceID) -> [RosterEntry]? {
         guard isActive(device) else { return nil }
         var search = ProofSearch(self)
         let byAdds = search.chain(for: device, admin: false, before: nil, enrols: false)
@@ -61,7 +61,7 @@ extension Roster {
 
     /// Whether `entry` is a confirmation that has no effect here, by design: an add of a device
     /// that an earlier entry admitted (and that was not removed before it). Not worth a warning.
-    public func isConfirmation(_ entry: RosterEntry) -> Bool {
+    package func isConfirmation(_ entry: RosterEntry) -> Bool {
         guard case .add(let key, _, _) = entry.payload, !effective.contains(entry.id), let device = devices[key.deviceID],
               let admitted = entries[device.addedByEntry], Self.evaluationOrder(admitted, entry) else { return false }
         return device.removal.map { entry.timestamp < $0.at } ?? true
@@ -70,7 +70,7 @@ extension Roster {
     /// The confirmation `admin` signs for `device` right after admitting it by its enrol: an add
     /// with the device's key, name and role; nil if `admin` is not an active admin or the device
     /// needs none.
-    public func confirmation(of device: DeviceID, by admin: DeviceID) -> RosterPayload? {
+    package func confirmation(of device: DeviceID, by admin: DeviceID) -> RosterPayload? {
         guard role(of: admin) == .admin, let target = devices[device], needsConfirmation(target, added: addedDevices) else { return nil }
         return .add(device: target.publicKey, name: target.name, role: target.role)
     }
@@ -87,7 +87,7 @@ extension Roster {
     /// before it would confirm the removed device. (A confirmation signed after a removal it did
     /// not know could not undo it anyway: it sorts after the removal, and a removed key never
     /// joins again.)
-    public func confirmationsDue(by admin: DeviceID, heardFrom: Set<DeviceID>) -> [RosterPayload] {
+    package func confirmationsDue(by admin: DeviceID, heardFrom: Set<DeviceID>) -> [RosterPayload] {
         guard role(of: admin) == .admin,
               devices.values.contains(where: { if case .invited = $0.origin { $0.isActive } else { false } }) else { return [] }
         let added = addedDevices

@@ -6,7 +6,7 @@ import PeerSyncCRDT
 /// A group made with `peersync init` has the ID of its genesis entry (the first 16 bytes of
 /// SHA-256 over the signed genesis entry's bytes); a group upgraded from a shared group secret
 /// has the first 16 bytes of its legacy key's device ID (``LegacyGroupKey``).
-public struct GroupID: Hashable, Comparable, Sendable, CustomStringConvertible {
+package struct GroupID: Hashable, Comparable, Sendable, CustomStringConvertible {
     /// Bytes in the value.
     public static let byteCount = 16
     /// The raw bytes.
@@ -34,7 +34,7 @@ public struct GroupID: Hashable, Comparable, Sendable, CustomStringConvertible {
 
 /// The identity of one roster entry: the first 16 bytes of SHA-256 over its bytes. As a UUID it
 /// is the record ID of the entry in the `_roster` collection.
-public struct RosterEntryID: Hashable, Comparable, Sendable, CustomStringConvertible {
+package struct RosterEntryID: Hashable, Comparable, Sendable, CustomStringConvertible {
     /// Bytes in the value.
     public static let byteCount = 16
     /// The raw bytes.
@@ -70,7 +70,7 @@ public struct RosterEntryID: Hashable, Comparable, Sendable, CustomStringConvert
 
 /// The secret half of an invite: 16 random bytes, carried in the invite code and revealed once
 /// in the joiner's `enrol` entry. Not a key to anything else.
-public struct InviteToken: Hashable, Sendable {
+package struct InviteToken: Hashable, Sendable {
     /// Bytes in the value.
     public static let byteCount = 16
     /// The raw bytes.
@@ -93,7 +93,7 @@ public struct InviteToken: Hashable, Sendable {
 }
 
 /// Names an invite in the roster without revealing its token.
-public struct InviteHash: Hashable, Comparable, Sendable, CustomStringConvertible {
+package struct InviteHash: Hashable, Comparable, Sendable, CustomStringConvertible {
     /// Bytes in the value.
     public static let byteCount = 16
     /// The raw bytes.

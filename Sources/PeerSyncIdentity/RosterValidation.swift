@@ -18,11 +18,11 @@ import PeerSyncCRDT
 /// removal, the other refuses it after), and they would re-offer it to each other endlessly.
 /// The acceptance test only ever gets more permissive as the known entries grow, so replicas
 /// that exchange everything converge on the same set, hence the same roster.
-public struct RosterValidation: Sendable {
+package struct RosterValidation: Sendable {
     /// One refused entry or record.
-    public struct Refusal: Hashable, Sendable, CustomStringConvertible {
+    package struct Refusal: Hashable, Sendable, CustomStringConvertible {
         /// Whether the refusal is final.
-        public enum Kind: Hashable, Sendable {
+        package enum Kind: Hashable, Sendable {
             /// Never acceptable.
             case malformed
             /// Not acceptable with what is known now; may be later.
@@ -62,13 +62,13 @@ public struct RosterValidation: Sendable {
 
 extension Roster {
     /// Checks entries received from a peer against this roster. Pure: stores nothing.
-    public func validate(incoming: [RosterEntry]) -> RosterValidation {
+    package func validate(incoming: [RosterEntry]) -> RosterValidation {
         validate(decoded: incoming.map { (nil, $0) }, refused: [])
     }
 
     /// Checks `_roster` records received from a peer: decodes each, checks its record ID is the
     /// hash of its bytes, then validates as ``validate(incoming:)``.
-    public func validate(records: [(id: UUID, fields: [String: FieldValue])]) -> RosterValidation {
+    package func validate(records: [(id: UUID, fields: [String: FieldValue])]) -> RosterValidation {
         var decoded: [(UUID?, RosterEntry)] = []
         var refused: [RosterValidation.Refusal] = []
         var known = 0
@@ -95,7 +95,7 @@ extension Roster {
     /// valid entry, and none may be deleted (the roster is add-only: a presence entry marked
     /// removed is refused). Records without fields and without deletions carry nothing new and
     /// are skipped.
-    public func validate(delta: RecordMap) -> RosterValidation {
+    package func validate(delta: RecordMap) -> RosterValidation {
         var records: [(id: UUID, fields: [String: FieldValue])] = []
         var refused: [RosterValidation.Refusal] = []
         for (id, state) in delta.records(in: RosterEntry.collection) {

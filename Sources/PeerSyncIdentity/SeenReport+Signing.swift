@@ -5,7 +5,7 @@ import PeerSyncCRDT
 extension SeenReport {
     /// A report of `replica` (an incarnation of the device of `key`) having seen `context`,
     /// signed at `time` (ms since 1970; the caller keeps it above its previous report's).
-    public static func signed(by key: DeviceKey, group: GroupID, replica: ReplicaID, time: UInt64, context: CausalContext) -> SeenReport {
+    package static func signed(by key: DeviceKey, group: GroupID, replica: ReplicaID, time: UInt64, context: CausalContext) -> SeenReport {
         let device = key.deviceID.bytes
         let body = body(groupID: group.bytes, device: device, replica: replica, time: time, context: context)
         return SeenReport(groupID: group.bytes, device: device, replica: replica, time: time, context: context,
@@ -13,7 +13,7 @@ extension SeenReport {
     }
 
     /// What a receiver makes of a report, by its roster.
-    public enum Verdict: Sendable, Equatable, CustomStringConvertible {
+    package enum Verdict: Sendable, Equatable, CustomStringConvertible {
         /// Signed by the active device that claims its replica: it counts.
         case valid
         /// Its device or its replica's claim is not in this roster yet (they may be on their
@@ -39,7 +39,7 @@ extension SeenReport {
 
     /// Checks the report against `roster`: the group, the signature by the named device's key,
     /// and that the device claims the replica (``Roster/claimant(of:)``).
-    public func verdict(in roster: Roster) -> Verdict {
+    package func verdict(in roster: Roster) -> Verdict {
         guard groupID == roster.groupID.bytes else { return .forged("it is for another group") }
         guard let deviceID = DeviceID(bytes: device) else { return .forged("malformed device ID") }
         guard let entry = roster.devices[deviceID] else {

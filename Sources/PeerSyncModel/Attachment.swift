@@ -144,7 +144,7 @@ public struct Attachment: Hashable, Sendable, Codable {
 
     /// Adds every attachment referenced in `record`'s current field values to `found`, without
     /// building its values dictionary (a node's first session scans every record held).
-    public static func collectReferenced(in record: RecordState, into found: inout Set<Attachment>) {
+    package static func collectReferenced(in record: RecordState, into found: inout Set<Attachment>) {
         for register in record.fields.values {
             switch register.value {
             case .map, .list: collect(register.value, into: &found)

@@ -1,7 +1,7 @@
 import PeerSyncCRDT
 
 /// One concurrent overwrite: which value won a field, which lost, and when it was noticed.
-public struct ConflictEntry: Hashable, Sendable {
+package struct ConflictEntry: Hashable, Sendable {
     public let key: RecordKey
     public let field: String
     public let winner: FieldRegister
@@ -23,7 +23,7 @@ public struct ConflictEntry: Hashable, Sendable {
 /// and received the other. The writer of the losing value sees the pair; the winner's
 /// replica sees it only if the losing value reaches it before being overwritten (anti-entropy
 /// sends current values only; docs/ARCHITECTURE.md, "Conflicts"). A loser is recorded once.
-public struct ConflictLog: Sendable, Equatable {
+package struct ConflictLog: Sendable, Equatable {
     public static let defaultCapacity = 1000
 
     public let capacity: Int

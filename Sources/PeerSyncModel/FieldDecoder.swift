@@ -2,7 +2,7 @@ import PeerSyncCRDT
 
 /// Decodes a `Decodable` value from a ``FieldValue`` tree made by ``FieldEncoder`` (or by a
 /// newer or older version of the type: unknown keys are ignored, missing optionals read nil).
-public struct FieldDecoder: Sendable {
+package struct FieldDecoder: Sendable {
     public init() {}
 
     public func decode<T: Decodable>(_ type: T.Type, from value: FieldValue) throws -> T {

@@ -5,7 +5,7 @@ import PeerSyncCRDT
 ///
 /// `nil` optionals encode as `.null` (not as a missing key), so a record type can clear a
 /// field, while fields the type does not know are simply absent and stay untouched.
-public struct FieldEncoder: Sendable {
+package struct FieldEncoder: Sendable {
     public init() {}
 
     public func encode<T: Encodable>(_ value: T) throws -> FieldValue {

@@ -13,7 +13,7 @@ import PeerSyncCRDT
 /// delta (nil, or an empty one from ``write(_:to:)``) and record the error in
 /// ``localChangeFailure``; ``ReplicaStore`` throws it from the transaction and writes nothing,
 /// and ``throwIfLocalChangeFailed()`` throws it for code that uses the state directly.
-public struct ReplicaState: Sendable {
+package struct ReplicaState: Sendable {
     public let replicaID: ReplicaID
     public var name: String
     public private(set) var clock: HybridLogicalClock

@@ -24,7 +24,7 @@ import Synchronization
 /// Measured (docs/SWIFT-NOTES): in TLS 1.3 a client that the *server* refuses sees its own
 /// handshake complete and gets the error on its first read; treat a peer as authenticated only
 /// after its first application message arrived.
-public struct DeviceTLS: Sendable {
+package struct DeviceTLS: Sendable {
     /// This device.
     public let deviceID: DeviceID
     /// The certificate it presents.
@@ -151,9 +151,9 @@ public struct DeviceTLS: Sendable {
 }
 
 /// What the TLS layer learned about the device at the other end of one channel.
-public final class TLSPeer: Sendable {
+package final class TLSPeer: Sendable {
     /// The outcome of the certificate checks.
-    public enum Verdict: Hashable, Sendable, CustomStringConvertible {
+    package enum Verdict: Hashable, Sendable, CustomStringConvertible {
         /// No certificate checked yet.
         case pending
         /// The peer is this device, and it is admitted.
@@ -227,7 +227,7 @@ public final class TLSPeer: Sendable {
 }
 
 /// Why a TLS peer was not accepted.
-public enum DeviceTLSError: Error, Hashable, CustomStringConvertible {
+package enum DeviceTLSError: Error, Hashable, CustomStringConvertible {
     /// The peer's certificate was checked and refused (see the verdict).
     case refused(TLSPeer.Verdict)
     /// The channel closed before the handshake finished.

@@ -7,8 +7,8 @@ import PeerSyncWire
 
 /// Checks whether a peer answers like a PeerSync node of this group, without syncing:
 /// connects, completes the handshake, sends an empty hello, reads the peer's hello, closes.
-public enum SessionProbe {
-    public struct Result: Sendable {
+package enum SessionProbe {
+    package struct Result: Sendable {
         /// The peer's hello, if it got that far.
         public let hello: Hello?
         /// Why it did not, in words a person can act on.

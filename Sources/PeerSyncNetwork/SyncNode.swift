@@ -14,7 +14,7 @@ import PeerSyncWire
 /// Its own decisions are made by pure types too: which inbound connections to take
 /// (``InboundAdmission``, before any TLS work) and which addresses to dial when
 /// (``DialScheduler``), within ``SyncLimits``.
-public actor SyncNode {
+package actor SyncNode {
     public nonisolated let replicator: Replicator
     public nonisolated var configuration: SyncConfiguration { replicator.configuration }
     nonisolated let logger: Logger
@@ -259,7 +259,7 @@ public actor SyncNode {
                 device = nil  // a node of the previous version: the session tells it to upgrade
             } catch {
                 try? await channel.executeThenClose { _, _ in }
-                logger.warning("session refused", metadata: ["peer.address": "\(address)", "reason": "\(SessionEndReason.handshakeFailed(detail: "\(error)"))"])
+                logger.debug("session refused", metadata: ["peer.address": "\(address)", "reason": "\(SessionEndReason.handshakeFailed(detail: "\(error)"))"])
                 replicator.emit(.sessionRefused(address: address, reason: .handshakeFailed(detail: "\(error)")))
                 return Dialer.Result(reason: stopped ? .localShutdown : .handshakeFailed(detail: "\(error)"), established: false, lasted: .zero)
             }

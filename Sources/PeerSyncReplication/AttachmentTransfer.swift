@@ -21,9 +21,9 @@ import PeerSyncModel
 /// .received(q, h, 524288, …) → .writePartial(…), .verifyPartial(h)
 /// .verified(h, matches: true)→ .promotePartial(h)
 /// ```
-public struct AttachmentTransfer: Sendable {
+package struct AttachmentTransfer: Sendable {
     /// The bounds of a transfer.
-    public struct Configuration: Sendable, Equatable {
+    package struct Configuration: Sendable, Equatable {
         /// Bytes asked for per request (the last range of a file may be shorter).
         public var rangeBytes: Int64
         /// Requests in flight at once, over all peers and attachments (one per attachment).
@@ -46,7 +46,7 @@ public struct AttachmentTransfer: Sendable {
     }
 
     /// What happened: in the app (references), on disk, or from peers.
-    public enum Event: Sendable, Equatable {
+    package enum Event: Sendable, Equatable {
         /// A live record references this attachment.
         case referenced(Attachment)
         /// No live record references it any more: stop fetching it.
@@ -71,7 +71,7 @@ public struct AttachmentTransfer: Sendable {
     }
 
     /// What the shell must do, in the order given.
-    public enum Action: Sendable, Equatable {
+    package enum Action: Sendable, Equatable {
         /// Send `attachmentRequest(hash, offset, length)` to the peer.
         case request(ReplicaID, AttachmentHash, offset: Int64, length: Int64)
         /// Write `bytes` at `offset` of the hash's `.partial` file, dropping anything after it.

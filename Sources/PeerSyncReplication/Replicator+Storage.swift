@@ -39,7 +39,7 @@ extension Replicator {
             do {
                 recorded = try storage.recordSeen(reports)
             } catch {
-                logger.warning("cannot store compaction reports", metadata: ["error": "\(error)"])
+                logger.debug("cannot store compaction reports", metadata: ["error": "\(error)"])
                 return
             }
             guard recorded.grew || !recorded.fromLostFuture.isEmpty else { return }
@@ -75,7 +75,7 @@ extension Replicator {
             do {
                 try storage.saveOwnReport(report)
             } catch {
-                logger.warning("cannot store this node's compaction report", metadata: ["error": "\(error)"])
+                logger.debug("cannot store this node's compaction report", metadata: ["error": "\(error)"])
                 saved = nil
             }
             Task { await self?.ownReportSaved(saved) }

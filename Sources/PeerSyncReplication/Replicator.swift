@@ -11,7 +11,7 @@ import Synchronization
 /// whatever its transport: TCP+TLS sessions of ``SyncNode`` and an app's own transports
 /// (``SyncSession``). It owns the node's one timer, commits what peers send on a dedicated
 /// queue (never on the cooperative pool), and wakes session writers when they have output.
-public actor Replicator {
+package actor Replicator {
     public nonisolated let replicaID: ReplicaID
     /// This node's device key (sessions sign with it; TLS certificates are made from it).
     public nonisolated let deviceKey: DeviceKey

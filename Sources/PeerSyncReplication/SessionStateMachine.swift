@@ -245,7 +245,7 @@ func formatSeconds(_ seconds: Double) -> String {
 
 /// The checks every delta from outside — a peer's frame, a bundle — passes before anything of it
 /// is stored.
-public enum DeltaAdmission {
+package enum DeltaAdmission {
     /// Why `delta` is refused, or nil. `now` is the local wall clock in ms.
     public static func refusal(of delta: RecordMap, now: UInt64, maxSkewMilliseconds: UInt64) -> String? {
         // A member with a clock far ahead must not drag every replica's clock with it.

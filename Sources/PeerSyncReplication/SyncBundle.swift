@@ -26,7 +26,7 @@ import PeerSyncWire
 ///           3 device key (bytes65), 4 context (context blob, §6.2)) signature(64, over "peersync context v2" 00 ‖ the rest)
 /// ```
 /// What a device has, as its signed context file says: the device and its causal context.
-public struct BundleContext: Sendable, Equatable {
+package struct BundleContext: Sendable, Equatable {
     /// The device that made the context file (bundles for it are encrypted to this key).
     public var device: DevicePublicKey
     /// Everything that device had seen when it wrote the file.
@@ -38,7 +38,7 @@ public struct BundleContext: Sendable, Equatable {
     }
 }
 
-public enum SyncBundle {
+package enum SyncBundle {
     static let magic = Array("PSBUNDLE".utf8)
     static let contextMagic = Array("PSCONTEXT".utf8)
     static let version: UInt8 = 2
@@ -46,7 +46,7 @@ public enum SyncBundle {
     static let contextDomain = Array("peersync context v2".utf8) + [0]
 
     /// Who made a bundle, when, for which group.
-    public struct Header: Sendable, Equatable {
+    package struct Header: Sendable, Equatable {
         public var groupID: GroupID
         public var sender: DevicePublicKey
         public var senderReplica: ReplicaID
@@ -197,7 +197,7 @@ public enum SyncBundle {
 }
 
 /// Why a bundle or context file is refused. Nothing of it is applied.
-public enum BundleError: Error, Sendable, Equatable, CustomStringConvertible {
+package enum BundleError: Error, Sendable, Equatable, CustomStringConvertible {
     case notABundle(String)
     case unsupportedVersion(UInt8)
     case otherGroup

@@ -18,8 +18,8 @@ import Synchronization
 /// them arbitrarily: ``receive(_:)`` reassembles frames. The transport must deliver bytes in
 /// order and should be authenticated and encrypted by the app (this layer adds no TLS).
 public final class SyncSession: Sendable {
-    public let id: SessionID
-    public let origin: SessionOrigin
+    package let id: SessionID
+    package let origin: SessionOrigin
     let replicator: Replicator
     private let signal: OutputSignal
     private let splitter: Mutex<FrameSplitter>
@@ -36,7 +36,7 @@ public final class SyncSession: Sendable {
     /// Opens a session on `replicator` for a transport the app runs. `initiator`: whether this
     /// side started the connection (of two sessions between one pair, the one started by the
     /// lower replica ID is kept).
-    public static func open(on replicator: Replicator, address: String, initiator: Bool) async -> SyncSession {
+    package static func open(on replicator: Replicator, address: String, initiator: Bool) async -> SyncSession {
         let origin = SessionOrigin(address: address, initiator: initiator)
         // Holder lets the close callback reach the session created after it.
         let holder = Mutex<SyncSession?>(nil)

@@ -2,7 +2,7 @@ import PeerSyncCRDT
 import PeerSyncModel
 
 /// What a storage holds of one attachment's bytes.
-public enum AttachmentPresence: Sendable, Equatable {
+package enum AttachmentPresence: Sendable, Equatable {
     /// The complete, verified bytes.
     case stored
     /// A partial file of this many bytes (an interrupted transfer); 0 if there is none.
@@ -10,7 +10,7 @@ public enum AttachmentPresence: Sendable, Equatable {
 }
 
 /// Why attachment bytes cannot be written to a storage that keeps none.
-public struct AttachmentsNotStored: Error, Sendable, CustomStringConvertible {
+package struct AttachmentsNotStored: Error, Sendable, CustomStringConvertible {
     public init() {}
     public var description: String { "this storage keeps no attachment bytes" }
 }

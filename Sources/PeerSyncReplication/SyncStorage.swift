@@ -94,14 +94,14 @@ package struct OutgoingCommits: Sendable {
 
 /// Thrown by a ``SyncStorage`` that refuses what a peer sent (it breaks a bound the store
 /// enforces): the peer's fault, not the storage's.
-public struct SyncStorageRefusal: Error, Sendable, CustomStringConvertible {
+package struct SyncStorageRefusal: Error, Sendable, CustomStringConvertible {
     public let detail: String
     public init(_ detail: String) { self.detail = detail }
     public var description: String { detail }
 }
 
 /// Names one session (a connection, or an app transport's session) within a node.
-public struct SessionID: Hashable, Comparable, Sendable, CustomStringConvertible {
+package struct SessionID: Hashable, Comparable, Sendable, CustomStringConvertible {
     public let rawValue: UInt64
     public init(_ rawValue: UInt64) { self.rawValue = rawValue }
     public static func < (lhs: SessionID, rhs: SessionID) -> Bool { lhs.rawValue < rhs.rawValue }
@@ -109,7 +109,7 @@ public struct SessionID: Hashable, Comparable, Sendable, CustomStringConvertible
 }
 
 /// How a session came to be.
-public struct SessionOrigin: Sendable, Hashable {
+package struct SessionOrigin: Sendable, Hashable {
     /// Where the peer is: `host:port` for TCP, the app's name for its own transports.
     public let address: String
     /// Whether this side opened it (dialed). Decides which of two sessions between the same
@@ -160,7 +160,7 @@ public enum SessionEndReason: Sendable, Equatable, CustomStringConvertible {
 }
 
 /// Something a node did that an app or a person may want to know.
-public enum NodeEvent: Sendable {
+package enum NodeEvent: Sendable {
     case listening(port: UInt16)
     case peerConnected(PeerInfo)
     case peerDisconnected(PeerInfo, reason: SessionEndReason)
@@ -207,7 +207,7 @@ public enum NodeEvent: Sendable {
 }
 
 /// A connected peer as this node sees it.
-public struct PeerInfo: Sendable, Hashable {
+package struct PeerInfo: Sendable, Hashable {
     public let replicaID: ReplicaID
     public let name: String
     public let address: String
@@ -227,7 +227,7 @@ public struct PeerInfo: Sendable, Hashable {
 
 /// A peer's session state, for status displays.
 public struct PeerStatus: Sendable {
-    public let info: PeerInfo
+    package let info: PeerInfo
     /// When digests were last found equal, if ever in this session.
     public let lastConvergedAt: Date?
     /// Framed bytes sent to and received from the peer in this session (TLS overhead excluded).

@@ -10,7 +10,7 @@ import Darwin
 #endif
 
 /// Why an attachment could not be stored or read. ``description`` is one line a person can act on.
-public enum AttachmentError: Error, Equatable, CustomStringConvertible {
+package enum AttachmentError: Error, Equatable, CustomStringConvertible {
     /// The bytes are over the size bound (the synced setting `attachmentMaxBytes`).
     case tooLarge(bytes: Int64, limit: Int64)
     /// The file to add could not be read.
@@ -48,7 +48,7 @@ public enum AttachmentError: Error, Equatable, CustomStringConvertible {
 /// - Incoming transfers write `DIR/attachments/<hex>.partial`; a verified partial file is
 ///   promoted the same way.
 /// - Files are immutable once named; several processes may share the directory.
-public final class AttachmentStore: Sendable {
+package final class AttachmentStore: Sendable {
     /// `DIR/attachments`.
     public let directory: String
     private static let chunkBytes = 1 << 20

@@ -4,7 +4,7 @@ import Synchronization
 
 /// What one state change of a ``ReplicaStore`` touched, as observers see it: a local commit, a
 /// remote delta joined, or other processes' commits joined by ``ReplicaStore/refresh()``.
-public struct CommitNotice: Sendable {
+package struct CommitNotice: Sendable {
     /// Numbers every state change of this store object, from 1, in commit order.
     public let sequence: UInt64
     /// The records the change wrote (a superset of those whose values or visibility changed).
@@ -28,7 +28,7 @@ public struct CommitNotice: Sendable {
 }
 
 /// Which changes a ``CommitSubscription`` wants to hear about.
-public struct CommitInterest: Sendable {
+package struct CommitInterest: Sendable {
     /// Collections whose records matter; nil means all of them.
     public var collections: Set<String>?
     /// Wake up for changes to device-local settings.
@@ -56,7 +56,7 @@ public struct CommitInterest: Sendable {
 
 /// The changes a subscription has accumulated since it was last drained (several commits
 /// coalesced into one set).
-public struct PendingChanges: Sendable {
+package struct PendingChanges: Sendable {
     /// Changed records of interest.
     public var keys: Set<RecordKey> = []
     /// Re-read everything of interest.
@@ -137,7 +137,7 @@ public struct PendingChanges: Sendable {
 /// (``ReplicaStore/consistentSnapshot()``) never includes a change whose notice is not yet
 /// queued. Publishing costs O(subscribers): notices are queued, and each subscriber filters
 /// them on its own task when it drains.
-public final class CommitFeed: Sendable {
+package final class CommitFeed: Sendable {
     private struct State {
         var sequence: UInt64 = 0
         var nextID = 0
@@ -250,7 +250,7 @@ private struct WeakSubscription {
 
 /// One subscriber's queue of commit notices: ``waitForChanges()``, then ``drain()``;
 /// ``cancel()`` or dropping the last reference ends it (the feed holds it weakly).
-public final class CommitSubscription: Sendable {
+package final class CommitSubscription: Sendable {
     private struct State {
         var queue: [CommitNotice] = []
         /// Notices already filtered into one set (when the queue grew long, or requeued).

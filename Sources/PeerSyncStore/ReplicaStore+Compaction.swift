@@ -5,7 +5,7 @@ import PeerSyncModel
 import Synchronization
 
 /// What one compaction run did.
-public struct CompactionRun: Sendable, Equatable {
+package struct CompactionRun: Sendable, Equatable {
     /// Records purged, with their field registers and presence entries.
     public var purgedRecords = 0
     public var purgedFields = 0

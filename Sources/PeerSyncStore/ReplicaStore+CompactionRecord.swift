@@ -7,7 +7,7 @@ import Synchronization
 /// causal stability"): every replica's newest signed report, the reports this store signed
 /// itself, and the frontier (the stable context `P` and its waiting candidate). Persisted by
 /// migrations v5 and v6.
-public struct CompactionRecord: Sendable, Equatable {
+package struct CompactionRecord: Sendable, Equatable {
     /// The newest signed report of each other replica (checked against the roster before they
     /// are recorded; never one of this store's own replica IDs).
     public var reports = SeenReports()

@@ -5,7 +5,7 @@ import PeerSyncModel
 
 /// A conflict as the store keeps it: the entry, its row number and whether an app marked it
 /// resolved.
-public struct StoredConflict: Hashable, Sendable {
+package struct StoredConflict: Hashable, Sendable {
     /// The row's sequence number: stable, unique in this store.
     public let id: Int64
     /// The record, field, winner, loser and detection time.

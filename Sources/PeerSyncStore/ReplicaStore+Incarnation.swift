@@ -9,7 +9,7 @@ import Darwin
 #endif
 
 /// Why and how a store's replica ID changed.
-public struct IncarnationChange: Sendable, Equatable, CustomStringConvertible {
+package struct IncarnationChange: Sendable, Equatable, CustomStringConvertible {
     public let previous: ReplicaID
     public let current: ReplicaID
     public let reason: String
@@ -20,7 +20,7 @@ public struct IncarnationChange: Sendable, Equatable, CustomStringConvertible {
 }
 
 /// One replica ID a store has written with: when it started and why.
-public struct Incarnation: Sendable, Equatable {
+package struct Incarnation: Sendable, Equatable {
     public let replicaID: ReplicaID
     public let startedAt: Date
     /// "created", "adopted" (a store from before incarnations), or why the ID changed.

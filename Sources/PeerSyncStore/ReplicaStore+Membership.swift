@@ -3,7 +3,7 @@ import GRDB
 
 /// Which sync group a replica belongs to, and the join it has not completed yet. The store keeps
 /// the bytes; the engine gives them meaning (PeerSyncIdentity).
-public struct GroupMembership: Sendable, Equatable {
+package struct GroupMembership: Sendable, Equatable {
     /// The group ID (16 bytes).
     public var groupID: [UInt8]
     /// While joining: the inviter's device ID (20 bytes) and the entry this device presents.

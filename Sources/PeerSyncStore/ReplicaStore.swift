@@ -32,7 +32,7 @@ import Synchronization
 /// durability is the writer's own `synchronous` setting) nor checkpoints the WAL, there is no
 /// file binding (copy and restore detection), ``bytesOnDisk()`` is 0, and attachments go to a
 /// temporary directory (``filesDirectory``) removed when the store is released.
-public final class ReplicaStore: Sendable {
+package final class ReplicaStore: Sendable {
     /// The file name inside the store directory.
     public static let fileName = "replica.sqlite"
     /// A delta of more records than this is journaled as "reload" instead of its bytes.

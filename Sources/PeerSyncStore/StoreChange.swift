@@ -1,6 +1,6 @@
 import PeerSyncCRDT
 /// A change another process committed (or this one, for the journal reader).
-public struct StoreChange: Sendable {
+package struct StoreChange: Sendable {
     /// The journal's sequence number.
     public let sequence: Int64
     /// "local", or the peer it came from, or "reload".
@@ -11,7 +11,7 @@ public struct StoreChange: Sendable {
 }
 
 /// One committed transaction as the journal keeps it.
-public struct JournalEntry: Sendable {
+package struct JournalEntry: Sendable {
     public let sequence: Int64
     /// Wall-clock milliseconds since 1970 at commit.
     public let committedAt: Int64

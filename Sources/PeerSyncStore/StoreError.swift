@@ -3,7 +3,7 @@ import PeerSyncCRDT
 
 /// Why a store could not be opened, read or written. Each case names the file and says what a
 /// person can do; ``description`` is one line for a terminal.
-public enum StoreError: Error, Equatable, CustomStringConvertible {
+package enum StoreError: Error, Equatable, CustomStringConvertible {
     /// No replica at this directory.
     case missing(directory: String)
     /// The directory already holds a replica.

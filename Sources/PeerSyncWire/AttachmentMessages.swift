@@ -12,37 +12,37 @@ import PeerSyncCRDT
 //   attachmentUnavailable 1: hash (32 bytes)
 
 /// Bounds of the attachment messages.
-public enum AttachmentWireLimits {
+package enum AttachmentWireLimits {
     /// Frame type of `attachmentRequest` (types 10–12 are `auth`, `breakdown`, `join`).
-    public static let requestKind: UInt8 = 13
+    package static let requestKind: UInt8 = 13
     /// Frame type of `attachmentData`.
-    public static let dataKind: UInt8 = 14
+    package static let dataKind: UInt8 = 14
     /// Frame type of `attachmentUnavailable`.
-    public static let unavailableKind: UInt8 = 15
+    package static let unavailableKind: UInt8 = 15
     /// The frame types of attachment messages.
-    public static let kinds: ClosedRange<UInt8> = 13...15
+    package static let kinds: ClosedRange<UInt8> = 13...15
     /// An upper bound on the bytes of an `attachmentData` frame beyond its payload (frame
     /// header, type, hash, offset, total and the payload's length prefix): a payload of
     /// `maxFrameBytes - dataFrameOverhead` bytes always fits a frame of `maxFrameBytes`.
-    public static let dataFrameOverhead = 96
+    package static let dataFrameOverhead = 96
     /// The largest range one request may ask for, and one data message may carry: 1 MiB
     /// (a data frame stays far below ``WireLimits/defaultMaxFrameBytes``).
-    public static let maxRangeBytes: UInt64 = 1 << 20
+    package static let maxRangeBytes: UInt64 = 1 << 20
     /// The largest attachment a total may announce: 4 GiB (the store's own bound is lower).
-    public static let maxTotalBytes: UInt64 = 1 << 32
+    package static let maxTotalBytes: UInt64 = 1 << 32
 }
 
 /// "Send me `length` bytes of attachment `hash` from `offset`."
-public struct AttachmentRequestBody: Sendable, Equatable {
+package struct AttachmentRequestBody: Sendable, Equatable {
     /// The SHA-256 of the attachment (32 bytes).
-    public var hash: [UInt8]
+    package var hash: [UInt8]
     /// The first byte wanted.
-    public var offset: UInt64
+    package var offset: UInt64
     /// How many bytes are wanted (1 … ``AttachmentWireLimits/maxRangeBytes``).
-    public var length: UInt64
+    package var length: UInt64
 
     /// A request body.
-    public init(hash: [UInt8], offset: UInt64, length: UInt64) {
+    package init(hash: [UInt8], offset: UInt64, length: UInt64) {
         self.hash = hash
         self.offset = offset
         self.length = length
@@ -50,18 +50,18 @@ public struct AttachmentRequestBody: Sendable, Equatable {
 }
 
 /// "Here are bytes `offset ..< offset + bytes.count` of attachment `hash`, which has `total` bytes."
-public struct AttachmentDataBody: Sendable, Equatable {
+package struct AttachmentDataBody: Sendable, Equatable {
     /// The SHA-256 of the attachment (32 bytes).
-    public var hash: [UInt8]
+    package var hash: [UInt8]
     /// Where `bytes` start in the attachment.
-    public var offset: UInt64
+    package var offset: UInt64
     /// The attachment's size.
-    public var total: UInt64
+    package var total: UInt64
     /// The bytes (at most ``AttachmentWireLimits/maxRangeBytes``).
-    public var bytes: [UInt8]
+    package var bytes: [UInt8]
 
     /// A data body.
-    public init(hash: [UInt8], offset: UInt64, total: UInt64, bytes: [UInt8]) {
+    package init(hash: [UInt8], offset: UInt64, total: UInt64, bytes: [UInt8]) {
         self.hash = hash
         self.offset = offset
         self.total = total
@@ -70,7 +70,7 @@ public struct AttachmentDataBody: Sendable, Equatable {
 }
 
 /// The body of an `attachmentRequest` message.
-public func encodeAttachmentRequest(_ request: AttachmentRequestBody) -> [UInt8] {
+package func encodeAttachmentRequest(_ request: AttachmentRequestBody) -> [UInt8] {
     var w = FieldWriter()
     w.bytes(1, request.hash)
     w.varint(2, request.offset)
@@ -79,7 +79,7 @@ public func encodeAttachmentRequest(_ request: AttachmentRequestBody) -> [UInt8]
 }
 
 /// Decodes and checks an `attachmentRequest` body.
-public func decodeAttachmentRequest(_ body: [UInt8]) throws(WireError) -> AttachmentRequestBody {
+package func decodeAttachmentRequest(_ body: [UInt8]) throws(WireError) -> AttachmentRequestBody {
     let f = try FieldReader(message: "attachmentRequest", body: body)
     let request = AttachmentRequestBody(hash: try attachmentHash(f), offset: try f.varint(2, "offset"),
                                         length: try f.varint(3, "length"))
@@ -93,7 +93,7 @@ public func decodeAttachmentRequest(_ body: [UInt8]) throws(WireError) -> Attach
 }
 
 /// The body of an `attachmentData` message.
-public func encodeAttachmentData(_ data: AttachmentDataBody) -> [UInt8] {
+package func encodeAttachmentData(_ data: AttachmentDataBody) -> [UInt8] {
     var w = FieldWriter()
     w.bytes(1, data.hash)
     w.varint(2, data.offset)
@@ -104,7 +104,7 @@ public func encodeAttachmentData(_ data: AttachmentDataBody) -> [UInt8] {
 
 /// Decodes and checks an `attachmentData` body: the range lies inside `total`, carries at
 /// most ``AttachmentWireLimits/maxRangeBytes``, and is not empty unless `total` is 0.
-public func decodeAttachmentData(_ body: [UInt8]) throws(WireError) -> AttachmentDataBody {
+package func decodeAttachmentData(_ body: [UInt8]) throws(WireError) -> AttachmentDataBody {
     let f = try FieldReader(message: "attachmentData", body: body)
     let data = AttachmentDataBody(hash: try attachmentHash(f), offset: try f.varint(2, "offset"),
                                   total: try f.varint(3, "total"), bytes: try f.bytes(4, "bytes"))
@@ -122,14 +122,14 @@ public func decodeAttachmentData(_ body: [UInt8]) throws(WireError) -> Attachmen
 }
 
 /// The body of an `attachmentUnavailable` message ("I do not hold the complete bytes of `hash`").
-public func encodeAttachmentUnavailable(hash: [UInt8]) -> [UInt8] {
+package func encodeAttachmentUnavailable(hash: [UInt8]) -> [UInt8] {
     var w = FieldWriter()
     w.bytes(1, hash)
     return w.bytes
 }
 
 /// Decodes an `attachmentUnavailable` body; returns the hash.
-public func decodeAttachmentUnavailable(_ body: [UInt8]) throws(WireError) -> [UInt8] {
+package func decodeAttachmentUnavailable(_ body: [UInt8]) throws(WireError) -> [UInt8] {
     try attachmentHash(FieldReader(message: "attachmentUnavailable", body: body))
 }
 

@@ -5,13 +5,13 @@ import CZlib
 ///
 /// A catch-up round is bulk data: records whose field names, kinds and much of their text
 /// repeat from record to record. Live deltas (one change, tens of bytes) are never compressed.
-public enum ChunkDeflate {
+package enum ChunkDeflate {
     /// Deltas shorter than this are sent as they are: the stream's own overhead and the
     /// call's fixed cost buy nothing there.
-    public static let minimumBytes = 512
+    package static let minimumBytes = 512
     /// The largest delta a deflated chunk may declare (4 MiB, the default frame limit): the
     /// receiver allocates the declared length, so it is bounded like a frame is.
-    public static let maxInflatedBytes = WireLimits.defaultMaxFrameBytes
+    package static let maxInflatedBytes = WireLimits.defaultMaxFrameBytes
     /// zlib's fastest level: a catch-up is on the critical path of a first sync, and level 1
     /// already takes sync-initial's 100k records from 114 to 49 bytes each at no cost in time
     /// (docs/BENCHMARKS.md, "Issue 15, fourth pass").
@@ -19,7 +19,7 @@ public enum ChunkDeflate {
 
     /// `delta` compressed, or nil when it is outside the bounds or compressing saves less than
     /// the chunk field that declares the inflated length costs.
-    public static func deflate(_ delta: [UInt8]) -> [UInt8]? {
+    package static func deflate(_ delta: [UInt8]) -> [UInt8]? {
         guard delta.count >= minimumBytes, delta.count <= maxInflatedBytes else { return nil }
         // No longer than the input less the length field: a larger result is not sent.
         return deflateRaw(delta, capacity: delta.count - 6)
@@ -36,7 +36,7 @@ public enum ChunkDeflate {
     }
 
     /// The delta a deflated chunk carries: `packed` inflated to exactly `length` bytes.
-    public static func inflate(_ packed: [UInt8], to length: UInt64) throws(WireError) -> [UInt8] {
+    package static func inflate(_ packed: [UInt8], to length: UInt64) throws(WireError) -> [UInt8] {
         guard length >= 1, length <= UInt64(maxInflatedBytes) else {
             throw .malformed(message: "chunk", detail: "inflated length \(length) is outside 1…\(maxInflatedBytes)")
         }

@@ -12,9 +12,9 @@ import PeerSyncCRDT
 /// `length` counts the type byte and the body, is at least 1 and at most the receiver's
 /// maximum frame size (announced in its hello; ``WireLimits/defaultMaxFrameBytes`` by default).
 /// A length over the limit is refused as soon as its varint is read, before any body arrives.
-public enum Frame {
+package enum Frame {
     /// Result of looking at the start of a buffer.
-    public enum Header: Equatable {
+    package enum Header: Equatable {
         /// Not enough bytes yet to know the length.
         case needMore
         /// A frame whose type byte starts at `headerBytes` and which ends at
@@ -23,7 +23,7 @@ public enum Frame {
     }
 
     /// Reads the length prefix at the start of `bytes`.
-    public static func header<C: Collection<UInt8>>(_ bytes: C, maxFrameBytes: Int) throws(WireError) -> Header {
+    package static func header<C: Collection<UInt8>>(_ bytes: C, maxFrameBytes: Int) throws(WireError) -> Header {
         var value: UInt64 = 0
         var shift: UInt64 = 0
         var count = 0
@@ -44,13 +44,13 @@ public enum Frame {
 
     /// The bytes of one frame.
     /// The message type of one encoded frame (the byte after its length), nil if malformed.
-    public static func messageType(of frame: [UInt8]) -> UInt8? {
+    package static func messageType(of frame: [UInt8]) -> UInt8? {
         var offset = 0
         while offset < min(frame.count, 10), frame[offset] & 0x80 != 0 { offset += 1 }
         return offset + 1 < frame.count ? frame[offset + 1] : nil
     }
 
-    public static func encode(type: UInt8, body: [UInt8]) -> [UInt8] {
+    package static func encode(type: UInt8, body: [UInt8]) -> [UInt8] {
         var out: [UInt8] = []
         out.reserveCapacity(body.count + 6)
         Varint.append(UInt64(body.count + 1), to: &out)
@@ -61,16 +61,16 @@ public enum Frame {
 }
 
 /// Splits a byte stream into frames (pure; the NIO handler and the fuzz target use it).
-public struct FrameSplitter {
-    public let maxFrameBytes: Int
+package struct FrameSplitter {
+    package let maxFrameBytes: Int
     private var buffer: [UInt8] = []
     private var start = 0
 
-    public init(maxFrameBytes: Int = WireLimits.defaultMaxFrameBytes) {
+    package init(maxFrameBytes: Int = WireLimits.defaultMaxFrameBytes) {
         self.maxFrameBytes = maxFrameBytes
     }
 
-    public mutating func append<C: Collection<UInt8>>(_ bytes: C) {
+    package mutating func append<C: Collection<UInt8>>(_ bytes: C) {
         if start > 65_536 && start * 2 > buffer.count {
             buffer.removeFirst(start)
             start = 0
@@ -79,7 +79,7 @@ public struct FrameSplitter {
     }
 
     /// The next complete frame as (type, body), nil if more bytes are needed.
-    public mutating func next() throws(WireError) -> (type: UInt8, body: [UInt8])? {
+    package mutating func next() throws(WireError) -> (type: UInt8, body: [UInt8])? {
         let available = buffer[start...]
         switch try Frame.header(available, maxFrameBytes: maxFrameBytes) {
         case .needMore: return nil
@@ -95,16 +95,16 @@ public struct FrameSplitter {
 }
 
 /// Bounds every implementation must apply.
-public enum WireLimits {
+package enum WireLimits {
     /// Largest frame a node accepts unless it announces otherwise: 4 MiB.
-    public static let defaultMaxFrameBytes = 4 << 20
+    package static let defaultMaxFrameBytes = 4 << 20
     /// Smallest frame limit a node may announce.
-    public static let minimumMaxFrameBytes = 64 << 10
+    package static let minimumMaxFrameBytes = 64 << 10
     /// Catch-up chunks stay below this many encoded bytes (well under the frame limit).
-    public static let chunkTargetBytes = 256 << 10
+    package static let chunkTargetBytes = 256 << 10
     /// Protocol version spoken by this build. Peers with another version are refused.
-    public static let protocolVersion: UInt64 = 2
+    package static let protocolVersion: UInt64 = 2
     /// Most chunks one catch-up round may announce (a chunk's `count`): 2³², a round of at
     /// least 4 GiB. A larger count is malformed, so a receiver can count chunks in any integer.
-    public static let maxChunksPerRound: UInt64 = 1 << 32
+    package static let maxChunksPerRound: UInt64 = 1 << 32
 }

@@ -54,48 +54,48 @@ public enum CloseReason: UInt64, Sendable, Equatable, CustomStringConvertible {
 
 /// Optional parts of the protocol a node speaks, announced in its hello (field 11, a bit set;
 /// absent = none). A node sends a peer the messages of a feature only if the peer announced it.
-public struct HelloFeatures: OptionSet, Sendable, Hashable {
-    public let rawValue: UInt64
-    public init(rawValue: UInt64) { self.rawValue = rawValue }
+package struct HelloFeatures: OptionSet, Sendable, Hashable {
+    package let rawValue: UInt64
+    package init(rawValue: UInt64) { self.rawValue = rawValue }
 
     /// Serves and reads attachment messages (types 13–15, docs/PROTOCOL.md "Attachments").
-    public static let attachments = HelloFeatures(rawValue: 1 << 0)
+    package static let attachments = HelloFeatures(rawValue: 1 << 0)
     /// Sent and read the unsigned compaction gossip of the previous version (`seen` format 01).
     /// No longer announced or honoured: an unsigned report could make a node forget (issue 32).
-    public static let unsignedSeenGossip = HelloFeatures(rawValue: 1 << 1)
+    package static let unsignedSeenGossip = HelloFeatures(rawValue: 1 << 1)
     /// Reads catch-up chunks whose delta is deflated (chunk field 5, docs/PROTOCOL.md §5.2).
-    public static let deflatedChunks = HelloFeatures(rawValue: 1 << 2)
+    package static let deflatedChunks = HelloFeatures(rawValue: 1 << 2)
     /// Reads event-form deltas whose counter is relative to the writer's previous event (form
     /// 02, docs/PROTOCOL.md §7.3).
-    public static let eventCounters = HelloFeatures(rawValue: 1 << 3)
+    package static let eventCounters = HelloFeatures(rawValue: 1 << 3)
     /// Sends and reads the compaction gossip of signed reports (`seen` format 02, type 16,
     /// docs/PROTOCOL.md §19), complete catch-up rounds (chunk field 6, §6.5) and the auth's
     /// `lostSince` (§6.9).
-    public static let signedReports = HelloFeatures(rawValue: 1 << 4)
+    package static let signedReports = HelloFeatures(rawValue: 1 << 4)
 }
 
 /// The first message each side sends.
-public struct Hello: Sendable, Equatable {
-    public var protocolVersion: UInt64
-    public var replicaID: ReplicaID
-    public var name: String
+package struct Hello: Sendable, Equatable {
+    package var protocolVersion: UInt64
+    package var replicaID: ReplicaID
+    package var name: String
     /// The sender's wall clock, milliseconds since 1970, when it sent the hello.
-    public var wallClockMilliseconds: UInt64
+    package var wallClockMilliseconds: UInt64
     /// Every dot the sender has seen; the receiver sends what this lacks.
-    public var context: CausalContext
+    package var context: CausalContext
     /// The largest frame the sender accepts.
-    public var maxFrameBytes: UInt64
-    public var digest: StateDigest
+    package var maxFrameBytes: UInt64
+    package var digest: StateDigest
     /// The sync group (16 bytes); peers of another group are refused. Required from version 2.
-    public var groupID: [UInt8]?
+    package var groupID: [UInt8]?
     /// The sender's device public key, an uncompressed P-256 point (65 bytes). Required from version 2.
-    public var deviceKey: [UInt8]?
+    package var deviceKey: [UInt8]?
     /// 16 random bytes the peer signs in its `auth` (so an auth cannot be replayed). Required from version 2.
-    public var nonce: [UInt8]?
+    package var nonce: [UInt8]?
     /// The optional features the sender speaks (field 11; unknown bits are ignored).
-    public var features: HelloFeatures
+    package var features: HelloFeatures
 
-    public init(protocolVersion: UInt64 = WireLimits.protocolVersion, replicaID: ReplicaID, name: String,
+    package init(protocolVersion: UInt64 = WireLimits.protocolVersion, replicaID: ReplicaID, name: String,
                 wallClockMilliseconds: UInt64, context: CausalContext,
                 maxFrameBytes: UInt64 = UInt64(WireLimits.defaultMaxFrameBytes), digest: StateDigest,
                 groupID: [UInt8]? = nil, deviceKey: [UInt8]? = nil, nonce: [UInt8]? = nil, features: HelloFeatures = []) {
@@ -115,7 +115,7 @@ public struct Hello: Sendable, Equatable {
 
 /// Every message of the protocol. Deltas and chunks carry their payload still encoded: its
 /// decoding depends on the session's ``WireDictionary`` (see ``WireDelta``).
-public enum Message: Sendable, Equatable {
+package enum Message: Sendable, Equatable {
     case hello(Hello)
     /// Part `index` of `count` of the catch-up; the last chunk's delta carries the sender's context.
     /// `delta` is always the delta itself: decoding inflates a deflated one, and
@@ -150,15 +150,15 @@ public enum Message: Sendable, Equatable {
     case join(entries: [[UInt8]])
 
     /// Most roster entries one join carries (field 1 and the repeated field 2).
-    public static let maxJoinEntries = 64
+    package static let maxJoinEntries = 64
 
     /// Frame types. 13–15 are the attachment messages (``AttachmentWireLimits/kinds``), sent
     /// only to peers that announce ``HelloFeatures/attachments``; they are not `Message` cases.
-    public enum Kind: UInt8, Sendable {
+    package enum Kind: UInt8, Sendable {
         case hello = 1, chunk = 2, delta = 3, ack = 4, digest = 5, ping = 6, pong = 7, goodbye = 8, error = 9, auth = 10, breakdown = 11, join = 12
     }
 
-    public var kind: Kind {
+    package var kind: Kind {
         switch self {
         case .hello: .hello
         case .chunk: .chunk
@@ -177,7 +177,7 @@ public enum Message: Sendable, Equatable {
 
     /// The frame bytes of this message. `deflatingChunk`: a chunk's delta deflated when that
     /// makes it smaller (only for a peer whose hello announced ``HelloFeatures/deflatedChunks``).
-    public func encodedFrame(deflatingChunk: Bool = false) -> [UInt8] {
+    package func encodedFrame(deflatingChunk: Bool = false) -> [UInt8] {
         Frame.encode(type: kind.rawValue, body: body(deflatingChunk: deflatingChunk))
     }
 
@@ -247,7 +247,7 @@ public enum Message: Sendable, Equatable {
     }
 
     /// Decodes a frame's type and body.
-    public static func decode(type: UInt8, body: [UInt8]) throws(WireError) -> Message {
+    package static func decode(type: UInt8, body: [UInt8]) throws(WireError) -> Message {
         guard let kind = Kind(rawValue: type) else { throw .unknownMessageType(type) }
         if kind == .delta {
             guard !body.isEmpty else { throw .malformed(message: "delta", detail: "empty") }

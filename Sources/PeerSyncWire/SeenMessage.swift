@@ -8,14 +8,14 @@ import PeerSyncCRDT
 // ```
 // body = 02 varint(n) n × (varint(len) report(len))     replica IDs strictly ascending, n ≤ 10,000
 // ```
-public enum SeenMessage {
+package enum SeenMessage {
     /// Frame type of `seen`.
-    public static let kind: UInt8 = 16
+    package static let kind: UInt8 = 16
     /// The body's format byte (01 was the unsigned gossip of the previous version).
-    public static let format: UInt8 = 2
+    package static let format: UInt8 = 2
 
     /// The body carrying `reports` (sorted by replica ID here).
-    public static func encodedBody(_ reports: [SeenReport]) -> [UInt8] {
+    package static func encodedBody(_ reports: [SeenReport]) -> [UInt8] {
         var out: [UInt8] = [format]
         let sorted = reports.sorted { $0.replica < $1.replica }
         Varint.append(UInt64(sorted.count), to: &out)
@@ -28,7 +28,7 @@ public enum SeenMessage {
     }
 
     /// The frame of a `seen` message.
-    public static func encodedFrame(_ reports: [SeenReport]) -> [UInt8] {
+    package static func encodedFrame(_ reports: [SeenReport]) -> [UInt8] {
         Frame.encode(type: kind, body: encodedBody(reports))
     }
 
@@ -36,7 +36,7 @@ public enum SeenMessage {
     /// ``ValidationLimits/maxContextReplicas``, replica IDs not strictly ascending, a report that
     /// does not decode (``SeenReport/init(bytes:)``), and trailing bytes. Signatures are checked
     /// by the receiver against its roster.
-    public static func decode(body: [UInt8]) throws(WireError) -> [SeenReport] {
+    package static func decode(body: [UInt8]) throws(WireError) -> [SeenReport] {
         func malformed(_ detail: String) -> WireError { .malformed(message: "seen", detail: detail) }
         guard let first = body.first else { throw malformed("empty body") }
         guard first == format else { throw malformed("format \(first) (this node reads signed reports, format \(format))") }

@@ -10,14 +10,14 @@ import PeerSyncCRDT
 extension WireDelta {
     /// Bytes a frame adds around a chunk's delta: frame length and type, the chunk's index, count
     /// and records fields, and the delta field's tag and length.
-    public static let chunkOverheadBound = 5 + 1 + 3 * 11 + 1 + 5
+    package static let chunkOverheadBound = 5 + 1 + 3 * 11 + 1 + 5
 
     /// Bytes a frame adds around a delta message (frame length and type).
-    public static let deltaOverheadBound = 5 + 1
+    package static let deltaOverheadBound = 5 + 1
 
     /// An upper bound of the bytes `record` adds to a general-form delta encoded with `dictionary`,
     /// including its share of the collection header.
-    public static func encodedSizeBound(of key: RecordKey, _ state: RecordState, with dictionary: WireDictionary) -> Int {
+    package static func encodedSizeBound(of key: RecordKey, _ state: RecordState, with dictionary: WireDictionary) -> Int {
         var total = nameBound(key.collection, dictionary) + 10  // collection header, counted per record
         total += 16 + 1 + 10 + 17 + 10 + 10  // id, flags, base (timestamp, writer, counter), #fields
         for (name, register) in state.fields {
@@ -33,7 +33,7 @@ extension WireDelta {
     }
 
     /// An upper bound of the bytes a general-form delta's header and `context` take.
-    public static func contextSizeBound(_ context: CausalContext, with dictionary: WireDictionary) -> Int {
+    package static func contextSizeBound(_ context: CausalContext, with dictionary: WireDictionary) -> Int {
         var total = 1 + 10 + 10  // form byte, #replicas, #collections
         for replica in context.replicas {
             total += replicaBound(replica, dictionary) + 10 + 10
@@ -53,7 +53,7 @@ extension WireDelta {
 
 extension FieldValue {
     /// Exact size of the canonical encoding (§5.3 of docs/PROTOCOL.md).
-    public var encodedSize: Int {
+    package var encodedSize: Int {
         switch self {
         case .null, .bool: 1
         case .int(let v): 1 + Varint.size(of: UInt64(bitPattern: (v << 1) ^ (v >> 63)))

@@ -38,8 +38,8 @@ import PeerSyncCRDT
 /// raw timestamp = the 64-bit packed HLC (physical ms << 16 | logical); differences wrap mod 2⁶⁴
 /// value       = FieldValue canonical encoding (docs/PROTOCOL.md)
 /// ```
-public enum WireDelta {
-    public static func encode(_ delta: RecordMap, with dictionary: WireDictionary) -> [UInt8] {
+package enum WireDelta {
+    package static func encode(_ delta: RecordMap, with dictionary: WireDictionary) -> [UInt8] {
         var out: [UInt8] = []
         if let event = singleEvent(delta) {
             out.append(1)
@@ -68,7 +68,7 @@ public enum WireDelta {
 
     /// The general form of the given records and context (a catch-up chunk is encoded straight
     /// from a slice of the state's records this way, without building a map for it).
-    public static func encode(
+    package static func encode(
         records: some Collection<(RecordKey, RecordState)>, context: CausalContext, with dictionary: WireDictionary
     ) -> [UInt8] {
         encode(records: records, context: context, with: dictionary, into: [])
@@ -142,7 +142,7 @@ public enum WireDelta {
     /// Where a record goes in a delta: records are encoded in order of their base dot (records
     /// without fields first), so consecutive bases differ by little and cost a byte or two. A
     /// catch-up round cut into many chunks orders its records the same way before cutting.
-    public static func sendOrder(of state: RecordState) -> Dot {
+    package static func sendOrder(of state: RecordState) -> Dot {
         order(of: base(of: state))
     }
 
@@ -173,7 +173,7 @@ public enum WireDelta {
         return Int64(bitPattern: (raw >> 1) ^ (0 &- (raw & 1)))
     }
 
-    public static func decode(_ bytes: [UInt8], with dictionary: WireDictionary) throws(WireError) -> RecordMap {
+    package static func decode(_ bytes: [UInt8], with dictionary: WireDictionary) throws(WireError) -> RecordMap {
         var r = ByteReader(bytes)
         guard let form = r.readByte() else { throw .malformed(message: "delta", detail: "empty") }
         // Records go straight into collection → ID → state, the map's own layout: no

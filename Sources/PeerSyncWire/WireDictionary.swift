@@ -14,9 +14,9 @@ import PeerSyncCRDT
 /// ```
 /// A replica ID definition is 16 bytes (high 8 big-endian, low 8 big-endian); a name definition
 /// is varint(byte count) UTF-8.
-public final class WireDictionary {
+package final class WireDictionary {
     /// Most entries of each kind one direction of a session may define.
-    public static let capacity = 1 << 16
+    package static let capacity = 1 << 16
 
     private var replicas: [ReplicaID] = []
     private var replicaIndex: [ReplicaID: Int] = [:]
@@ -30,9 +30,9 @@ public final class WireDictionary {
     var lastEventCounters: [UInt64] = []
     /// Encoding: the peer reads event counters relative to the last (its hello announced
     /// ``HelloFeatures/eventCounters``). Decoding takes both forms whatever this says.
-    public var relativeEventCounters = false
+    package var relativeEventCounters = false
 
-    public init(startingAt wallClockMilliseconds: UInt64) {
+    package init(startingAt wallClockMilliseconds: UInt64) {
         lastPhysical = wallClockMilliseconds
     }
 
@@ -108,10 +108,10 @@ public final class WireDictionary {
     }
 
     /// Whether `id` is already defined in this direction (a reference then costs ≤ 3 bytes).
-    public func knows(_ id: ReplicaID) -> Bool { replicaIndex[id] != nil }
+    package func knows(_ id: ReplicaID) -> Bool { replicaIndex[id] != nil }
 
     /// Whether `name` is already defined in this direction.
-    public func knows(name: String) -> Bool { nameIndex[name] != nil }
+    package func knows(name: String) -> Bool { nameIndex[name] != nil }
 
     /// `zigzag(physical − last physical)`, then `varint(logical)`.
     func writeTimestamp(_ t: HLCTimestamp, to out: inout [UInt8]) {

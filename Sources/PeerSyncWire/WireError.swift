@@ -2,7 +2,7 @@ import PeerSyncCRDT
 
 /// Why bytes from a peer were refused. Every case ends the session with a logged reason;
 /// nothing of the offending frame is applied.
-public enum WireError: Error, Equatable, CustomStringConvertible {
+package enum WireError: Error, Equatable, CustomStringConvertible {
     case frameTooLarge(length: UInt64, limit: Int)
     case emptyFrame
     case malformedLength
@@ -11,7 +11,7 @@ public enum WireError: Error, Equatable, CustomStringConvertible {
     case missingField(message: String, field: String)
     case dictionaryFull
 
-    public var description: String {
+    package var description: String {
         switch self {
         case .frameTooLarge(let length, let limit): "frame of \(length) bytes exceeds the limit of \(limit)"
         case .emptyFrame: "empty frame"

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import PeerSync
+import ShiftSchedulerModel
 
 struct Demo: AsyncParsableCommand {
     static let configuration = CommandConfiguration(

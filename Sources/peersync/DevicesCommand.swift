@@ -68,6 +68,8 @@ struct Devices: AsyncParsableCommand {
                 print("removed \(target.name) (\(target.id.shortForm)); a running node shares it with the group within seconds")
             } catch let error as DeviceAdministrationError {
                 throw CLIError("\(error)")
+            } catch let error as ReplicaError {
+                throw CLIError("\(error)")
             }
         }
     }
@@ -86,6 +88,8 @@ struct Devices: AsyncParsableCommand {
                 print("renamed \(target.id.shortForm) to \(name)")
             } catch let error as DeviceAdministrationError {
                 throw CLIError("\(error)")
+            } catch let error as ReplicaError {
+                throw CLIError("\(error)")
             }
         }
     }
@@ -101,7 +105,7 @@ struct Devices: AsyncParsableCommand {
             do {
                 try await replica.closeLegacyEnrolment()
                 print("legacy enrolment closed: the old group secret no longer admits devices")
-            } catch let error as DeviceAdministrationError {
+            } catch {
                 throw CLIError("\(error)")
             }
         }

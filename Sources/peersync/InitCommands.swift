@@ -60,7 +60,7 @@ struct Invite: AsyncParsableCommand {
             let code: InviteCode
             do { code = try InviteCode(parsing: revoke) } catch { throw CLIError("--revoke: \(error)") }
             let replica = try options.openReplica()
-            do { try await replica.revokeInvite(code) } catch let error as DeviceAdministrationError { throw CLIError("\(error)") }
+            do { try await replica.revokeInvite(code) } catch { throw CLIError("\(error)") }
             print("invite revoked: a device that tries it now is told so")
             return
         }
@@ -79,7 +79,7 @@ struct Invite: AsyncParsableCommand {
                 let until = Date(timeIntervalSinceNow: seconds)
                 print("one device can join with it, as \(role), until \(ISO8601DateFormatter().string(from: until)): `peersync init --join CODE` there")
             }
-        } catch let error as DeviceAdministrationError {
+        } catch {
             throw CLIError("\(error)")
         }
     }

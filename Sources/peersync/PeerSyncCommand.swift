@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import PeerSync
+import ShiftSchedulerModel
 
 @main
 struct PeerSyncCommand: AsyncParsableCommand {

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import PeerSync
+import ShiftSchedulerModel
 
 /// Applies a change to the store as one transaction (the running node, if any, ships it).
 func commit(_ store: ReplicaStore, _ body: (inout ReplicaState) throws -> RecordMap?) throws {

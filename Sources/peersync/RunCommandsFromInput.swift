@@ -1,5 +1,6 @@
 import Foundation
 import PeerSync
+import ShiftSchedulerModel
 
 /// `peersync run --commands`: a long-lived writer for scripts and benchmarks. Reads one command
 /// per line from standard input and answers on standard output, one line each:

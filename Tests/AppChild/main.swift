@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import PeerSync
+import ShiftSchedulerModel
 
 // A child process for the app-API tests (not shipped).
 //

@@ -2,6 +2,7 @@ import Foundation
 @testable import PeerSync
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 struct ImportFailed: Error {}
 

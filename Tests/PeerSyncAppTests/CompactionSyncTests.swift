@@ -3,6 +3,7 @@ import Foundation
 import PeerSyncModel
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 /// Compaction over real TCP on 127.0.0.1 with real SQLite files: records deleted everywhere go
 /// away by themselves once every current device has seen the deletion (issue 13).

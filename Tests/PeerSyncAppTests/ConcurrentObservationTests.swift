@@ -3,6 +3,7 @@ import Foundation
 import PeerSyncTestSupport
 import Synchronization
 import Testing
+import ShiftSchedulerModel
 
 /// Live queries while local edits, a peer over TLS on 127.0.0.1 and another process all write
 /// at once.

@@ -5,6 +5,7 @@ import PeerSyncModel
 import PeerSyncTestSupport
 import Synchronization
 import Testing
+import ShiftSchedulerModel
 
 /// A logger that stays quiet unless PEERSYNC_TEST_LOG is set.
 func testLogger(_ label: String) -> Logger {

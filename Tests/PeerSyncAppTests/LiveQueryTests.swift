@@ -2,6 +2,7 @@ import Foundation
 @testable import PeerSync
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 /// Live queries over real stores: what they emit, when, and in which order.
 @Suite("Live queries", .timeLimit(.minutes(6)))

@@ -4,6 +4,7 @@ import Observation
 import PeerSyncTestSupport
 import Synchronization
 import Testing
+import ShiftSchedulerModel
 
 /// The `@Observable` model, used as a SwiftUI view would: read on the main actor, redrawn when
 /// a property it read changes.

@@ -1,4 +1,5 @@
 import Foundation
+import ShiftSchedulerModel
 @testable import PeerSync
 import PeerSyncTestSupport
 import Synchronization

@@ -2,6 +2,7 @@ import Foundation
 @testable import PeerSync
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 /// A shift type written with a typed reference instead of a plain UUID: same collection,
 /// same field name.

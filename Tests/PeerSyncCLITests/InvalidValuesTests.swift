@@ -4,6 +4,7 @@ import PeerSyncModel
 import PeerSyncStore
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 /// Values no command should compute with: a shift type's stored duration that is NaN, infinite
 /// or absurd (written by another program, or synced from a peer that did not check).

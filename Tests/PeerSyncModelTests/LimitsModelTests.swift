@@ -2,6 +2,7 @@ import PeerSyncCRDT
 import PeerSyncModel
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 @Suite("Validation limits: replica state, import, decoding typed records")
 struct LimitsModelTests {

@@ -2,6 +2,7 @@ import PeerSyncCRDT
 import PeerSyncModel
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 /// Version 2 of an app's location type: it added `phone`.
 struct LocationV2: SyncRecord, Equatable {

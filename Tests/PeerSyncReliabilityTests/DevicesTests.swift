@@ -8,6 +8,7 @@ import PeerSync
 import PeerSyncTestSupport
 import PeerSyncWire
 import Testing
+import ShiftSchedulerModel
 
 /// Devices, not a shared password (issue 12): invites that are single-use and expire, removal
 /// that takes effect everywhere within seconds, and roster entries checked on every node. Real
@@ -111,8 +112,12 @@ struct DevicesTests {
         // A revoked invite: refused with "revoked"; revoking it (or a used one) again says why not.
         let revoked = try await admin.replica.invite()
         try await admin.replica.revokeInvite(revoked)
-        await #expect(throws: DeviceAdministrationError.self) { try await admin.replica.revokeInvite(revoked) }
-        await #expect(throws: DeviceAdministrationError.self) { try await admin.replica.revokeInvite(codes[1]) }
+        await #expect { try await admin.replica.revokeInvite(revoked) } throws: { error in
+            if case .deviceAdministration(.inviteNotOpen)? = error as? ReplicaError { true } else { false }
+        }
+        await #expect { try await admin.replica.revokeInvite(codes[1]) } throws: { error in
+            if case .deviceAdministration(.inviteNotOpen)? = error as? ReplicaError { true } else { false }
+        }
         let turnedAway = try Device { try Replica.join(at: $0, name: "turned away", invite: revoked, logger: $1) }
         defer { Task { await turnedAway.close() } }
         try await turnedAway.sync([admin])
@@ -314,8 +319,8 @@ struct DevicesTests {
         #expect(await eventually { admin.replica.roster().activeDevices.count == 3 && member.replica.role == .member && other.replica.role == .member })
 
         // Locally, with a clear error.
-        await #expect(throws: DeviceAdministrationError.notAdmin(role: "member")) { try await member.replica.removeDevice(admin.replica.deviceID) }
-        await #expect(throws: DeviceAdministrationError.notAdmin(role: "member")) { _ = try await member.replica.invite() }
+        await #expect(throws: ReplicaError.deviceAdministration(.notAdmin(role: "member"))) { try await member.replica.removeDevice(admin.replica.deviceID) }
+        await #expect(throws: ReplicaError.deviceAdministration(.notAdmin(role: "member"))) { _ = try await member.replica.invite() }
 
         // Over the wire: the member signs "add this key as admin" itself, and sends it in a delta.
         let key = try DeviceKey.load(from: member.directory + "/" + Replica.deviceKeyFile)

@@ -6,6 +6,7 @@ import PeerSync
 import PeerSyncTestSupport
 @testable import PeerSyncWire
 import Testing
+import ShiftSchedulerModel
 
 /// No member can talk a node into forgetting (issue 32): hand-built `seen` frames from an
 /// admitted member, over real TLS, never make a node purge what another device has not seen.

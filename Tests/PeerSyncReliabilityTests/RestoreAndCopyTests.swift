@@ -3,6 +3,7 @@ import Logging
 import PeerSync
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 /// A store restored from an older backup, or copied to a second machine, must never issue a dot
 /// twice, and must lose none of its writes (issue 17).

@@ -3,6 +3,7 @@ import Logging
 import PeerSync
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 /// Devices of one group whose stores a test backs up and puts back (restores and copies,
 /// issues 17 and 29): created on first use, opened afterwards; synced over TLS on 127.0.0.1.

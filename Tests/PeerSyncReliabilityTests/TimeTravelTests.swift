@@ -3,6 +3,7 @@ import Logging
 import PeerSync
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 /// A device that comes back from the past — a backup put back as new files or over the old ones
 /// in place — converges with the group: nothing the group purged comes back, and every write it

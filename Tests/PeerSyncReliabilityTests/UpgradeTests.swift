@@ -10,6 +10,7 @@ import PeerSyncTestSupport
 import PeerSyncWire
 import Synchronization
 import Testing
+import ShiftSchedulerModel
 
 /// Stores made by the previous version (protocol 1, a shared group secret) move to device
 /// identities without losing anything (issue 12, "Upgrade without data loss"). The fixtures in

@@ -5,6 +5,7 @@ import PeerSync
 import PeerSyncTestSupport
 @testable import PeerSyncWire
 import Testing
+import ShiftSchedulerModel
 
 /// A group made by invite, as `peersync init` and `init --join` make it: the admin's genesis and
 /// invite, the joiner's enrol. Timestamps from the wall clock (the core checks them against it).

@@ -4,6 +4,7 @@ import PeerSync
 @testable import PeerSyncNetwork
 import PeerSyncTestSupport
 @testable import PeerSyncWire
+import ShiftSchedulerModel
 
 /// One node's replication core over an in-memory replica state: no sockets, no clock, no SQLite.
 /// Commits are carried out by joining into `state` when the test says so.

@@ -5,6 +5,7 @@ import PeerSync
 import PeerSyncTestSupport
 @testable import PeerSyncWire
 import Testing
+import ShiftSchedulerModel
 
 /// The compaction gossip (`seen`, type 16, signed reports) in the replication core, without
 /// sockets or clocks.

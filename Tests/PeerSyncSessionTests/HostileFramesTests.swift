@@ -8,6 +8,7 @@ import PeerSync
 import PeerSyncTestSupport
 @testable import PeerSyncWire
 import Testing
+import ShiftSchedulerModel
 
 /// Thousands of random and mutated frames thrown at live listeners (one behind TLS with the
 /// right secret — a hostile member — and one in insecure mode), while an honest peer stays

@@ -7,6 +7,7 @@ import NIOPosix
 @testable import PeerSyncNetwork
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 /// A TCP connection from a loopback address of our choice (127.0.0.2, 127.0.0.3, … all reach
 /// the node on 127.0.0.1) that only counts what it receives; with `tls`, it sends a ClientHello.

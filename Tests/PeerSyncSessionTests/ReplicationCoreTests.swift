@@ -5,6 +5,7 @@ import PeerSync
 import PeerSyncTestSupport
 @testable import PeerSyncWire
 import Testing
+import ShiftSchedulerModel
 
 /// The replication decisions, driven without sockets, clocks or SQLite: two or three cores over
 /// in-memory states, bytes moved by the harness, time passed in as instants.

@@ -4,6 +4,7 @@ import PeerSync
 import PeerSyncTestSupport
 import Synchronization
 import Testing
+import ShiftSchedulerModel
 
 /// Liveness on the monotonic clock, goodbyes on shutdown, and sync over an app's own transport.
 @Suite("Session lifecycle", .serialized, .awaitsCleanups)

@@ -2,6 +2,7 @@ import Foundation
 import PeerSync
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 /// Real sockets on 127.0.0.1, real TLS (pre-shared key from the group secret), real stores.
 @Suite("Sync sessions", .serialized, .awaitsCleanups)

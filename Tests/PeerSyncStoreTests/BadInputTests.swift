@@ -5,6 +5,7 @@ import PeerSyncModel
 import PeerSyncStore
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 /// Bad files and failing disks: one clear error naming the file and the cause, nothing half-written.
 @Suite("Store errors")

@@ -5,6 +5,7 @@ import PeerSyncModel
 import PeerSyncStore
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 /// The store's side of compaction (issue 13) on real database files: purging in batches,
 /// returning space, persisting the gossip and `P`, and surviving kill -9 mid-run.

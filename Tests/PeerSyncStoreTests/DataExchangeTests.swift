@@ -4,6 +4,7 @@ import PeerSyncModel
 import PeerSyncStore
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 @Suite("Import and export")
 struct DataExchangeTests {

@@ -6,6 +6,7 @@ import PeerSyncModel
 import PeerSyncTestSupport
 import Synchronization
 import Testing
+import ShiftSchedulerModel
 
 /// Store writes never hold the state lock across fsync (issue 11): a write held just before its
 /// flush leaves `state` readable, already showing the committed change. Nor across a large

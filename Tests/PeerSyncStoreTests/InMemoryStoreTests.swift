@@ -1,4 +1,5 @@
 import Foundation
+import ShiftSchedulerModel
 import GRDB
 import PeerSyncCRDT
 import PeerSyncModel

@@ -5,6 +5,7 @@ import PeerSyncModel
 import PeerSyncStore
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 /// Real database files: what the store does with values at and past the limits, and retention.
 @Suite("Store limits and retention")

@@ -6,6 +6,7 @@ import PeerSyncStore
 import PeerSyncTestSupport
 import Synchronization
 import Testing
+import ShiftSchedulerModel
 
 /// The store's side of a restore (issue 29): the writes made since a restore move to the new
 /// replica ID, and a complete round drops what the group purged. Real database files.

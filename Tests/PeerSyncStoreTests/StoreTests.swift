@@ -5,6 +5,7 @@ import PeerSyncModel
 import PeerSyncStore
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 /// Real database files in temporary folders.
 @Suite("Replica store")

@@ -5,6 +5,7 @@ import PeerSyncModel
 @testable import PeerSyncStore
 import PeerSyncTestSupport
 import Testing
+import ShiftSchedulerModel
 
 /// WAL checkpoints run off the commit path (`WALCheckpointer`), and the WAL still stays bounded.
 @Suite("WAL checkpoints")

@@ -11,7 +11,7 @@ public struct LawViolation: Error, CustomStringConvertible {
 
 /// A randomized replication scenario for one CRDT type: how to make replicas, how to mutate
 /// them (returning the delta), and how one replica brings another up to date (anti-entropy).
-public struct ReplicationScenario<State: JoinSemilattice & Sendable>: Sendable {
+package struct ReplicationScenario<State: JoinSemilattice & Sendable>: Sendable {
     public var replicaCount: Int
     public var operationsPerRun: Int
     public var makeReplica: @Sendable (_ index: Int) -> State
@@ -20,9 +20,9 @@ public struct ReplicationScenario<State: JoinSemilattice & Sendable>: Sendable {
     /// What `from` sends `to` in anti-entropy. Defaults to the full state.
     public var antiEntropy: @Sendable (_ from: State, _ to: State) -> State
     /// The digest of a state, if the type keeps one; converged replicas must agree on it.
-    public var digest: (@Sendable (State) -> StateDigest)?
+    package var digest: (@Sendable (State) -> StateDigest)?
 
-    public init(
+    package init(
         replicaCount: Int = 3, operationsPerRun: Int = 30,
         makeReplica: @escaping @Sendable (Int) -> State,
         mutate: @escaping @Sendable (inout State, Int, inout SeededGenerator) -> State?,
@@ -77,7 +77,7 @@ public struct ReplicationScenario<State: JoinSemilattice & Sendable>: Sendable {
 /// The laws every CRDT in PeerSync must keep, checked on seeded random cases.
 public enum LawChecker {
     /// Join is commutative, associative and idempotent on `cases` random triples of states.
-    public static func checkJoinLaws<State: JoinSemilattice>(
+    package static func checkJoinLaws<State: JoinSemilattice>(
         cases: Int, seed: UInt64 = baseSeed, generate: (inout SeededGenerator) -> (State, State, State)
     ) throws(LawViolation) {
         for index in 0..<UInt64(cases) {
@@ -97,7 +97,7 @@ public enum LawChecker {
     }
 
     /// Join laws on random *reachable* states of a scenario (three diverged replicas).
-    public static func checkJoinLaws<State>(
+    package static func checkJoinLaws<State>(
         _ scenario: ReplicationScenario<State>, cases: Int, seed: UInt64 = baseSeed
     ) throws(LawViolation) {
         try checkJoinLaws(cases: cases, seed: seed) { rng in
@@ -109,7 +109,7 @@ public enum LawChecker {
 
     /// Replicas that apply each other's deltas in random order, with duplicates and losses,
     /// then run anti-entropy, end equal — and with equal digests where the type has one.
-    public static func checkConvergence<State>(
+    package static func checkConvergence<State>(
         _ scenario: ReplicationScenario<State>, runs: Int, seed: UInt64 = baseSeed
     ) throws(LawViolation) {
         for index in 0..<UInt64(runs) {
@@ -130,7 +130,7 @@ public enum LawChecker {
     }
 
     /// For reachable states `a`, `b`: `b ⊔ a.delta(missingFrom: b.context) == b ⊔ a`.
-    public static func checkExtraction<State: AntiEntropyCRDT & Sendable>(
+    package static func checkExtraction<State: AntiEntropyCRDT & Sendable>(
         _ scenario: ReplicationScenario<State>, cases: Int, seed: UInt64 = baseSeed
     ) throws(LawViolation) {
         for index in 0..<UInt64(cases) {

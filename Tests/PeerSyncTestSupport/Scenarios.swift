@@ -10,7 +10,7 @@ public enum Scenarios {
     /// Records in two collections, three fields, writes of 1–3 fields and deletes; every
     /// replica's physical clock is frozen at the same instant, so timestamps tie across
     /// replicas and only the logical counter and replica order decide.
-    public static func recordMap(replicas: Int = 3, operations: Int = 30) -> ReplicationScenario<RecordMap> {
+    package static func recordMap(replicas: Int = 3, operations: Int = 30) -> ReplicationScenario<RecordMap> {
         ReplicationScenario(
             replicaCount: replicas, operationsPerRun: operations,
             makeReplica: { _ in RecordMap() },
@@ -33,7 +33,7 @@ public enum Scenarios {
         )
     }
 
-    public static func orSet(replicas: Int = 3, operations: Int = 30) -> ReplicationScenario<ORSet<Int>> {
+    package static func orSet(replicas: Int = 3, operations: Int = 30) -> ReplicationScenario<ORSet<Int>> {
         ReplicationScenario(
             replicaCount: replicas, operationsPerRun: operations,
             makeReplica: { _ in ORSet<Int>() },
@@ -45,7 +45,7 @@ public enum Scenarios {
         )
     }
 
-    public static func lwwRegister(replicas: Int = 3, operations: Int = 30) -> ReplicationScenario<LWWRegister<Int>> {
+    package static func lwwRegister(replicas: Int = 3, operations: Int = 30) -> ReplicationScenario<LWWRegister<Int>> {
         ReplicationScenario(
             replicaCount: replicas, operationsPerRun: operations,
             makeReplica: { _ in LWWRegister(value: 0, stamp: WriteStamp(time: .zero, replica: testReplica(0))) },
@@ -56,7 +56,7 @@ public enum Scenarios {
         )
     }
 
-    public static func causalContext(replicas: Int = 3, operations: Int = 30) -> ReplicationScenario<CausalContext> {
+    package static func causalContext(replicas: Int = 3, operations: Int = 30) -> ReplicationScenario<CausalContext> {
         ReplicationScenario(
             replicaCount: replicas, operationsPerRun: operations,
             makeReplica: { _ in CausalContext() },
@@ -70,7 +70,7 @@ public enum Scenarios {
         )
     }
 
-    public static func hlcTimestamp(replicas: Int = 3, operations: Int = 30) -> ReplicationScenario<HLCTimestamp> {
+    package static func hlcTimestamp(replicas: Int = 3, operations: Int = 30) -> ReplicationScenario<HLCTimestamp> {
         ReplicationScenario(
             replicaCount: replicas, operationsPerRun: operations,
             makeReplica: { _ in .zero },

@@ -1,6 +1,7 @@
 import Foundation
 import PeerSyncModel
 import PeerSyncStore
+import ShiftSchedulerModel
 
 // A child process for the store tests (not shipped): it writes to a store while the test
 // process watches, or gets killed with SIGKILL in the middle of its writes.

@@ -34,10 +34,10 @@ extension Replica {
 
     /// The content-addressed attachment directory of this replica (`DIR/attachments`), for the
     /// sync layer that serves and fetches bytes.
-    public nonisolated var attachmentStore: AttachmentStore { appSupport.attachments(self).files }
+    package nonisolated var attachmentStore: AttachmentStore { appSupport.attachments(self).files }
 
     /// Stores `data` beside the replica and returns the ``Attachment`` to put in a record.
-    /// The same bytes are stored once. Throws ``AttachmentError/tooLarge(bytes:limit:)`` over
+    /// The same bytes are stored once. Throws ``ReplicaError/attachment(_:)`` over
     /// ``attachmentMaxBytes``. The bytes are on disk (fsync'd) when it returns.
     ///
     /// ```swift
@@ -47,17 +47,21 @@ extension Replica {
     ///
     /// Save the record that references it within ``attachmentPurgeGracePeriod`` (10 minutes by
     /// default): bytes no live record references are purged after that.
-    public nonisolated func addAttachment(_ data: Data, mediaType: String = "application/octet-stream") async throws -> Attachment {
+    public nonisolated func addAttachment(_ data: Data, mediaType: String = "application/octet-stream") async throws(ReplicaError) -> Attachment {
         let limit = attachmentMaxBytes
-        return try await adding { try $0.add(data, mediaType: mediaType, maxBytes: limit) }
+        return try await ReplicaError.wrapping(otherwise: ReplicaError.attachment) {
+            try await adding { try $0.add(data, mediaType: mediaType, maxBytes: limit) }
+        }
     }
 
     /// Copies the file at `url` beside the replica (streaming: never all in memory) and returns
     /// its ``Attachment``. The media type is guessed from the file extension unless given.
-    public nonisolated func addAttachment(contentsOf url: URL, mediaType: String? = nil) async throws -> Attachment {
+    public nonisolated func addAttachment(contentsOf url: URL, mediaType: String? = nil) async throws(ReplicaError) -> Attachment {
         let limit = attachmentMaxBytes
         let type = mediaType ?? Self.mediaType(forExtension: url.pathExtension)
-        return try await adding { try $0.add(contentsOf: url, mediaType: type, maxBytes: limit) }
+        return try await ReplicaError.wrapping(otherwise: ReplicaError.attachment) {
+            try await adding { try $0.add(contentsOf: url, mediaType: type, maxBytes: limit) }
+        }
     }
 
     /// Runs `add` on the file queue and tells the collector the bytes are new (they go if no
@@ -71,9 +75,11 @@ extension Replica {
     }
 
     /// The bytes of `attachment`, or nil if they have not arrived on this device yet.
-    public nonisolated func attachmentData(for attachment: Attachment) async throws -> Data? {
+    public nonisolated func attachmentData(for attachment: Attachment) async throws(ReplicaError) -> Data? {
         let files = attachmentStore
-        return try await onFileQueue { try files.data(for: attachment.contentHash) }
+        return try await ReplicaError.wrapping(otherwise: ReplicaError.attachment) {
+            try await onFileQueue { try files.data(for: attachment.contentHash) }
+        }
     }
 
     /// The file holding the bytes of `attachment` (read-only: never modify it), or nil if they
@@ -121,10 +127,12 @@ extension Replica {
     /// an attachment. A deleted record that comes back (an edit concurrent with its deletion)
     /// gets its bytes from a peer that still has them, or from the app adding them again.
     @discardableResult
-    public nonisolated func purgeAttachments(keepingNewerThan grace: Duration? = nil) async throws -> [AttachmentHash] {
+    public nonisolated func purgeAttachments(keepingNewerThan grace: Duration? = nil) async throws(ReplicaError) -> [AttachmentHash] {
         let collector = appSupport.attachments(self)
         let grace = grace ?? collector.gracePeriod
-        return try await onFileQueue { collector.purge(olderThan: grace) }
+        return try await ReplicaError.wrapping(otherwise: ReplicaError.attachment) {
+            try await onFileQueue { collector.purge(olderThan: grace) }
+        }
     }
 
     /// A media type for common file extensions; `application/octet-stream` otherwise.

@@ -5,7 +5,7 @@ import PeerSyncWire
 import Synchronization
 
 /// This node's device in its group: the key it signs with and the group it belongs to.
-public struct LocalIdentity: Sendable {
+package struct LocalIdentity: Sendable {
     public let key: DeviceKey
     public let groupID: GroupID
     /// Set while this device has not joined yet: the inviter it trusts (named by the invite code)
@@ -24,7 +24,7 @@ public struct LocalIdentity: Sendable {
 }
 
 /// A join in progress: the inviter's device, and the signed entry that admits this device.
-public struct PendingJoin: Sendable, Equatable {
+package struct PendingJoin: Sendable, Equatable {
     public let inviter: DeviceID
     public let entry: [UInt8]
 
@@ -85,7 +85,7 @@ extension RecordMap {
     /// This delta without the writes the roster refuses (a removed device's writes beyond its
     /// cutoff); their dots stay in the context, so they are not offered again. Returns nil if
     /// nothing is refused.
-    public func strippingRefused(by roster: Roster) -> (delta: RecordMap, stripped: Int)? {
+    package func strippingRefused(by roster: Roster) -> (delta: RecordMap, stripped: Int)? {
         guard !roster.devices.values.allSatisfy(\.isActive) || !roster.banned.isEmpty else { return nil }
         var stripped = 0
         var records: [(RecordKey, RecordState)] = []
@@ -129,7 +129,7 @@ extension RecordMap {
     /// their IDs.
     ///
     /// - Complexity: O(dots named in the delta), plus O(roster entries) if one is unclaimed.
-    public func unclaimedReplica(roster: Roster, known: CausalContext,
+    package func unclaimedReplica(roster: Roster, known: CausalContext,
                                  claimedElsewhere: (ReplicaID) -> Bool = { _ in false }) -> ReplicaID? {
         var vouched: Set<ReplicaID> = []
         var unclaimed: ReplicaID?
@@ -164,7 +164,7 @@ extension RecordMap {
 extension ReplicaState {
     /// The roster of `group` as this state's `_roster` records say. Records that do not decode
     /// are left out (they were refused on receipt; a local store can only hold them if damaged).
-    public func roster(of group: GroupID) -> Roster {
+    package func roster(of group: GroupID) -> Roster {
         let entries = records.records(in: RosterEntry.collection).compactMap { id, state in
             RosterEntryCache.shared.entry(id: id, fields: state.values)
         }

@@ -3,7 +3,7 @@ import PeerSyncModel
 import PeerSyncWire
 
 /// Bytes ready for a session's transport.
-public struct OutboundBatch: Sendable {
+package struct OutboundBatch: Sendable {
     /// One or more whole frames.
     public let bytes: [UInt8]
     public let frames: Int

@@ -87,8 +87,11 @@ extension ReplicationCore {
     /// reports that peer was not sent yet. Nothing else: no catch-up round, no repair.
     mutating func compacted(now: MonotonicInstant) -> [Action] {
         for id in established.values {
-            sessions[id]!.changedSinceDigest = true
-            if sessions[id]!.peer?.features.contains(.signedReports) == true { sessions[id]!.gossipPending = true }
+            let signedReports = sessions[id]?.peer?.features.contains(.signedReports) == true
+            sessions[id]?.withLink { link in
+                link.changedSinceDigest = true
+                if signedReports { link.gossipPending = true }
+            }
         }
         return []
     }

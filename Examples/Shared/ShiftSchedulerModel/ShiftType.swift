@@ -1,4 +1,6 @@
+import Foundation
 import PeerSyncCRDT
+import PeerSyncModel
 
 /// A kind of shift in a schedule ("Early", "N" for night, …), possibly tied to a location.
 public struct ShiftType: SyncRecord, Hashable {

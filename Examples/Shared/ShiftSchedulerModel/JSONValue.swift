@@ -1,7 +1,9 @@
+import Foundation
 import PeerSyncCRDT
+import PeerSyncModel
 
 /// A JSON document as a value, for import and export. Integers that fit 64 bits stay exact.
-public enum JSONValue: Codable, Equatable, Sendable {
+package enum JSONValue: Codable, Equatable, Sendable {
     case null
     case bool(Bool)
     case int(Int64)

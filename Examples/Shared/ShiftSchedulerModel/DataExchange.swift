@@ -1,4 +1,6 @@
+import Foundation
 import PeerSyncCRDT
+import PeerSyncModel
 
 /// JSON export and import of a replica's visible data.
 ///
@@ -18,12 +20,12 @@ import PeerSyncCRDT
 /// Numbers JSON cannot hold (NaN, ±infinity) are exported as the strings `"NaN"`,
 /// `"Infinity"` and `"-Infinity"`. Import refuses a shift type whose duration is not a number
 /// of seconds in 0...``ShiftType/maximumDuration``, naming the entry and the field.
-public enum DataExchange {
+package enum DataExchange {
     public static let formatName = "peersync-export"
     public static let formatVersion: Int64 = 1
 
     /// What an import did.
-    public struct ImportSummary: Equatable, Sendable, CustomStringConvertible {
+    package struct ImportSummary: Equatable, Sendable, CustomStringConvertible {
         public var created = 0
         public var updated = 0
         public var unchanged = 0
@@ -42,7 +44,7 @@ public enum DataExchange {
     }
 
     /// Why a file cannot be imported; `description` names the entry.
-    public struct ImportError: Error, Equatable, CustomStringConvertible {
+    package struct ImportError: Error, Equatable, CustomStringConvertible {
         public let description: String
         init(_ description: String) { self.description = description }
     }
@@ -263,7 +265,7 @@ public enum DataExchange {
 
 /// ISO 8601 durations with fixed-length units: `PnW`, `PnDTnHnMnS` (fractions allowed on the last
 /// unit). Years and months have no fixed length in seconds and are refused.
-public enum ISO8601Duration {
+package enum ISO8601Duration {
     public static func seconds(_ text: String) -> Double? {
         var rest = Substring(text.uppercased())
         guard rest.popFirst() == "P", !rest.isEmpty else { return nil }

@@ -1,4 +1,6 @@
+import Foundation
 import PeerSyncCRDT
+import PeerSyncModel
 
 /// A place where shifts happen.
 public struct Location: SyncRecord, Hashable {
