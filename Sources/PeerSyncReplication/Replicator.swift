@@ -22,7 +22,7 @@ package actor Replicator {
     nonisolated let logger: Logger
     var core: ReplicationCore
     /// This node's device and group (a pending join clears once the roster admits it).
-    public private(set) var identity: LocalIdentity
+    public internal(set) var identity: LocalIdentity
     private var transports: [SessionID: Transport] = [:]
     private var timer: Task<Void, Never>?
     private var emptyWaiters: [CheckedContinuation<Void, Never>] = []
@@ -30,10 +30,10 @@ package actor Replicator {
     var idleCommitWaiters: [CheckedContinuation<Void, Never>] = []
     private var closedTraffic = TrafficCounters()
     /// Ineffective roster entries already logged.
-    private var reportedIneffective: Set<RosterEntryID> = []
+    var reportedIneffective: Set<RosterEntryID> = []
     /// Devices whose catch-up round this node stored since it started (``confirmAdmissions()``).
-    private var roundsHeardFrom: Set<DeviceID> = []
-    private var confirming = false
+    var roundsHeardFrom: Set<DeviceID> = []
+    var confirming = false
     let commitQueue = DispatchQueue(label: "peersync.commit")
     /// Attachment file work, in order (Replicator+Attachments.swift).
     let attachmentQueue = DispatchQueue(label: "peersync.attachments")
@@ -198,55 +198,6 @@ package actor Replicator {
     /// Ships what is committed and not yet shipped, now (before a goodbye).
     private func shipPending() {
         if let commits = outgoing.takePending() { ship(commits) }
-    }
-
-    /// Re-reads the roster from the local state, ends sessions of devices no longer admitted,
-    /// and notices this device's own join or removal.
-    func refreshRoster() {
-        let state = storage.snapshot()
-        let roster = state.roster(of: identity.groupID)
-        let me = identity.key.deviceID
-        if identity.pendingJoin != nil, roster.isActive(me) {
-            identity.pendingJoin = nil
-            logger.info("joined the group", metadata: ["device.id": "\(me.shortForm)"])
-            emit(.joined(roster))
-        }
-        let removedSelf = roster.isRemoved(me)
-        // Entries that do not count are kept (the roster is add-only) and said once each.
-        for ineffective in roster.ineffective where !reportedIneffective.contains(ineffective.entry.id) {
-            reportedIneffective.insert(ineffective.entry.id)
-            if roster.isConfirmation(ineffective.entry) { continue }  // no effect by design
-            logger.warning("roster entry has no effect", metadata: [
-                "entry.id": "\(ineffective.entry.id.shortDescription)", "entry.kind": "\(ineffective.entry.kind)",
-                "entry.signer": "\(ineffective.entry.signer.shortForm)", "reason": "\(ineffective.reason)",
-            ])
-        }
-        perform(core.updateRoster(roster, identity: identity, now: .now))
-        emit(.rosterChanged(roster, removedSelf: removedSelf))
-        confirmAdmissions()
-    }
-
-    var maxSkewMilliseconds: UInt64 { UInt64(max(0, configuration.timing.maxClockSkew.wholeMilliseconds)) }
-
-    /// An admin signs the confirmations it owes (``Roster/confirmationsDue(by:heardFrom:)``):
-    /// devices it admitted by an enrol before confirmations existed get an add of their key, so
-    /// they can prove their admission to a peer that lacks the enrol (a restored admin).
-    private func confirmAdmissions() {
-        guard !confirming, identity.pendingJoin == nil,
-              !core.roster.confirmationsDue(by: identity.key.deviceID, heardFrom: roundsHeardFrom).isEmpty else { return }
-        confirming = true
-        defer { confirming = false }
-        let (identity, heard, skew) = (self.identity, roundsHeardFrom, maxSkewMilliseconds)
-        do {
-            guard let delta = try storage.commitLocal({ state in
-                try state.confirmAdmissions(signer: identity, heardFrom: heard, maxSkewMilliseconds: skew)
-            }) else { return }
-            logger.info("confirmed admissions by invite with admin-signed entries",
-                        metadata: ["entries": "\(delta.records(in: RosterEntry.collection).count)"])
-            refreshRoster()  // the entries reach peers through the commit feed
-        } catch {
-            logger.warning("cannot store the confirmation of an admission", metadata: ["error": "\(error)"])
-        }
     }
 
     /// A compaction step purged deleted records: every peer gets a digest (and the gossip it
