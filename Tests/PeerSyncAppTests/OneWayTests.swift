@@ -132,6 +132,7 @@ struct OneWayTests {
         let d = try Replica.join(at: directories[3], name: "d", invite: try await a.invite(), logger: logger)
         try await links.attach(d, to: a)
         #expect(await eventually { b.roster().isActive(d.deviceID) })
+        #expect(await eventually { await d.pendingJoin == nil })  // d itself knows it joined (it bundles for members)
 
         // An import: d goes offline, writes, and sends a a bundle; b gets what a imported.
         await d.stopSync()
