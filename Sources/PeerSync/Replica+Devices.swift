@@ -94,19 +94,25 @@ extension Replica {
         try ReplicaError.wrapping { try joinGroup(at: directory, name: name, invite: invite, logger: logger) }
     }
 
+    /// Writes this device's signed enrol entry for `invite` and records the pending join it
+    /// presents to its inviter at the first session (on disk and in memory alike).
+    static func enrol(_ store: ReplicaStore, name: String, invite: InviteCode, key: DeviceKey) throws {
+        var entryBytes: [UInt8] = []
+        try store.write { state in
+            let context = RosterEntryContext(groupID: invite.groupID, timestamp: state.nextTimestamp(), previous: nil)
+            let enrol = try RosterEntry.make(.enrol(token: invite.token, name: name), context: context, signer: key)
+            entryBytes = enrol.bytes
+            return state.write(enrol.fields, to: enrol.recordKey)
+        }
+        try store.setMembership(GroupMembership(groupID: invite.groupID.bytes, joinInviter: invite.inviter.bytes,
+                                                joinEntry: entryBytes))
+    }
+
     private static func joinGroup(at directory: String, name: String, invite: InviteCode, logger: Logger) throws -> Replica {
         let store = try ReplicaStore.create(directory: directory, name: name)
         do {
             let key = try DeviceKey.create(at: keyPath(directory))
-            var entryBytes: [UInt8] = []
-            try store.write { state in
-                let context = RosterEntryContext(groupID: invite.groupID, timestamp: state.nextTimestamp(), previous: nil)
-                let enrol = try RosterEntry.make(.enrol(token: invite.token, name: name), context: context, signer: key)
-                entryBytes = enrol.bytes
-                return state.write(enrol.fields, to: enrol.recordKey)
-            }
-            try store.setMembership(GroupMembership(groupID: invite.groupID.bytes, joinInviter: invite.inviter.bytes,
-                                                    joinEntry: entryBytes))
+            try enrol(store, name: name, invite: invite, key: key)
         } catch {
             try? FileManager.default.removeItem(atPath: directory)
             throw error

@@ -59,15 +59,7 @@ extension Replica {
     private static func makeInMemory(name: String, invite: InviteCode, logger: Logger) throws -> Replica {
         let store = try ReplicaStore.inMemory(name: name)
         let key = DeviceKey.generate()
-        var entryBytes: [UInt8] = []
-        try store.write { state in
-            let context = RosterEntryContext(groupID: invite.groupID, timestamp: state.nextTimestamp(), previous: nil)
-            let enrol = try RosterEntry.make(.enrol(token: invite.token, name: name), context: context, signer: key)
-            entryBytes = enrol.bytes
-            return state.write(enrol.fields, to: enrol.recordKey)
-        }
-        try store.setMembership(GroupMembership(groupID: invite.groupID.bytes, joinInviter: invite.inviter.bytes,
-                                                joinEntry: entryBytes))
+        try enrol(store, name: name, invite: invite, key: key)
         return try Replica(store: store, key: key, logger: logger)
     }
 
