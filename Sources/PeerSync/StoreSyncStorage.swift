@@ -116,14 +116,7 @@ private final class StoreCommitFollower: CommitFollower {
 
     init(_ subscription: CommitSubscription) { self.subscription = subscription }
 
-    func next() async -> OutgoingCommits? {
-        // Bounded by the feed: each wait returns for a commit, and one with nothing to ship
-        // (from a peer, or device-local) is skipped.
-        while await subscription.waitForChanges() {
-            if let commits = takePending() { return commits }
-        }
-        return nil
-    }
+    func waitForCommits() async -> Bool { await subscription.waitForChanges() }
 
     func takePending() -> OutgoingCommits? {
         let pending = subscription.drain()

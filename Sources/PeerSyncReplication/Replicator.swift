@@ -74,10 +74,13 @@ package actor Replicator {
                                roster: storage.snapshot().roster(of: identity.groupID), reports: storage.seenReports() ?? [])
         outgoing = storage.followCommits()
         let follower = outgoing
+        // The actor drains the feed itself (``shipPending()``): a delta taken here and shipped
+        // after an actor hop could miss a goodbye sent in between (found under load: the last
+        // save before `stop` never reached the peer).
         let task = Task { [weak self] in
-            while let commits = await follower.next() {
+            while await follower.waitForCommits() {
                 guard let self else { return }
-                await self.ship(commits)
+                await self.shipPending()
             }
         }
         pump.withLock { $0 = task }

@@ -71,11 +71,13 @@ extension SyncStorage {
 
 /// Follows a storage's commits for the replicator (``SyncStorage/followCommits()``).
 package protocol CommitFollower: Sendable {
-    /// Waits for commits to ship and returns them joined; nil once cancelled.
-    func next() async -> OutgoingCommits?
+    /// Waits until a commit has landed since the last wait; false once cancelled. What it
+    /// brought is taken with ``takePending()`` — by the replicator's actor itself, so that a
+    /// delta is never in flight between the feed and the actor while a goodbye goes out.
+    func waitForCommits() async -> Bool
     /// What is pending now, without waiting (nil: nothing).
     func takePending() -> OutgoingCommits?
-    /// Ends the follower: ``next()`` returns nil.
+    /// Ends the follower: ``waitForCommits()`` returns false.
     func cancel()
 }
 
