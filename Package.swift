@@ -122,6 +122,8 @@ let package = Package(
                           path: "Examples/ObservableApp"),
         .target(name: "PeerSyncTestSupport", dependencies: ["PeerSyncCRDT", .product(name: "Logging", package: "swift-log")],
                 path: "Tests/PeerSyncTestSupport"),
+        // Replicas linked through the app-transport session API, reconnecting (app and session tests).
+        .target(name: "PeerSyncAppTestSupport", dependencies: ["PeerSync"], path: "Tests/PeerSyncAppTestSupport"),
         .testTarget(name: "PeerSyncCRDTTests", dependencies: ["PeerSyncCRDT", "PeerSyncTestSupport"]),
         .testTarget(name: "PeerSyncModelTests", dependencies: ["PeerSyncModel", "ShiftSchedulerModel", "PeerSyncCRDT", "PeerSyncTestSupport"]),
         .executableTarget(
@@ -133,6 +135,7 @@ let package = Package(
             name: "PeerSyncSessionTests",
             dependencies: [
                 "PeerSync", "PeerSyncReplication", "PeerSyncNetwork", "PeerSyncWire", "PeerSyncStore", "PeerSyncTestSupport", "PeerSyncIdentity", "ShiftSchedulerModel",
+                "PeerSyncAppTestSupport",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOTestUtils", package: "swift-nio"),
                 .product(name: "NIOEmbedded", package: "swift-nio"),
@@ -177,7 +180,7 @@ let package = Package(
         .executableTarget(name: "peersync-app-child", dependencies: ["PeerSync", "ShiftSchedulerModel"], path: "Tests/AppChild"),
         .testTarget(
             name: "PeerSyncAppTests",
-            dependencies: ["PeerSync", "PeerSyncWire", "PeerSyncTestSupport", "ShiftSchedulerModel", "peersync-app-child",
+            dependencies: ["PeerSync", "PeerSyncWire", "PeerSyncTestSupport", "PeerSyncAppTestSupport", "ShiftSchedulerModel", "peersync-app-child",
                            .product(name: "Logging", package: "swift-log"), .product(name: "Crypto", package: "swift-crypto")]
         ),
         .executableTarget(

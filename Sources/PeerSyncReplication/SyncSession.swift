@@ -16,7 +16,12 @@ import Synchronization
 /// Each message from ``nextMessage()`` is one or more whole frames (docs/PROTOCOL.md §2); give
 /// them to the other side's ``receive(_:)`` in order. A stream transport may also cut or join
 /// them arbitrarily: ``receive(_:)`` reassembles frames. The transport must deliver bytes in
-/// order and should be authenticated and encrypted by the app (this layer adds no TLS).
+/// order and should be encrypted by the app (this layer authenticates devices, adds no TLS).
+///
+/// A session can end while the transport stays up: a goodbye, a handshake or dead-peer
+/// timeout, a refusal that says "try again". ``nextMessage()`` then returns nil. As the TCP
+/// transport redials, reconnect: a new connection, with a backoff, and a new session on it —
+/// never a second session on the same byte stream (docs/APPLE.md, "When a session ends").
 public final class SyncSession: Sendable {
     package let id: SessionID
     package let origin: SessionOrigin

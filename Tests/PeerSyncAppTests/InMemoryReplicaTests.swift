@@ -1,6 +1,7 @@
 import Foundation
 import ShiftSchedulerModel
 @testable import PeerSync
+import PeerSyncAppTestSupport
 import PeerSyncTestSupport
 import Testing
 
@@ -57,10 +58,7 @@ struct InMemoryReplicaTests {
         for i in 0..<50 { try await a.save(Location(name: "from a \(i)")) }
         try await b.save(ShiftType(symbol: "N", title: "Night", duration: 36_000))
 
-        let sa = try await a.openSession(address: "pipe:b", initiator: true)
-        let sb = try await b.openSession(address: "pipe:a", initiator: false)
-        let pumps = [Task { while let m = await sa.nextMessage() { await sb.receive(m) } },
-                     Task { while let m = await sb.nextMessage() { await sa.receive(m) } }]
+        let pipe = PipeLink(a, b)
         #expect(await eventually { a.state.digest == b.state.digest })
         #expect(await eventually { await b.pendingJoin == nil }, "the join completed over the session")
         #expect(b.role == .member && a.roster().isActive(b.deviceID))
@@ -70,8 +68,7 @@ struct InMemoryReplicaTests {
         try await b.delete(ShiftType.self, id: try #require(b.fetchAll(ShiftType.self).first).id)
         #expect(await eventually { a.state.digest == b.state.digest && (try? a.fetchAll(ShiftType.self).isEmpty) == true })
         #expect(try b.fetchAll(Location.self).count == 51)
-        await sa.close()
-        for pump in pumps { await pump.value }
+        await pipe.close()
         await a.stopSync()
         await b.stopSync()
         expectNoFiles(a)

@@ -1,6 +1,7 @@
 import Foundation
 import ShiftSchedulerModel
 @testable import PeerSync
+import PeerSyncAppTestSupport
 import PeerSyncTestSupport
 import Synchronization
 import Testing
@@ -34,8 +35,7 @@ struct OneWayTests {
         let transport: Transport
         let timing: SyncTiming
         private var port: UInt16 = 0
-        private var pumps: [Task<Void, Never>] = []
-        private var sessions: [SyncSession] = []
+        private var pipes: [PipeLink] = []
 
         init(_ transport: Transport, timing: SyncTiming = OneWayTests.liveOnly) {
             self.transport = transport
@@ -59,11 +59,7 @@ struct OneWayTests {
                 try await other.startSync(SyncConfiguration(security: .tls, listen: nil, peers: [.loopback(port)], timing: timing))
             case .pipe:
                 try await other.startSync(SyncConfiguration(security: .insecure, listen: nil, timing: timing))
-                let fromHub = try await hub.openSession(address: "pipe:\(other.replicaID.shortDescription)", initiator: true)
-                let fromOther = try await other.openSession(address: "pipe:hub", initiator: false)
-                sessions += [fromHub, fromOther]
-                pumps += [Task { while let m = await fromHub.nextMessage() { await fromOther.receive(m) } },
-                          Task { while let m = await fromOther.nextMessage() { await fromHub.receive(m) } }]
+                pipes.append(PipeLink(hub, other))
             }
             let linked = await eventually {
                 let (fromHub, fromOther) = (await hub.peers(), await other.peers())
@@ -73,8 +69,7 @@ struct OneWayTests {
         }
 
         func close() async {
-            for session in sessions { await session.close() }
-            for pump in pumps { pump.cancel() }
+            for pipe in pipes { await pipe.close() }
         }
     }
 

@@ -1,5 +1,6 @@
 import Foundation
 import PeerSync
+import PeerSyncAppTestSupport
 @testable import PeerSyncStore
 import PeerSyncTestSupport
 import Synchronization
@@ -145,18 +146,14 @@ struct SessionLifecycleTests {
         let b = try Replica.join(at: directories[1], name: "b", invite: try await a.invite())
         for i in 0..<300 { try await a.save(Location(name: "from a \(i)")) }
         try await b.save(ShiftType(symbol: "N", title: "Night", duration: 36_000))
-        let sa = try await a.openSession(address: "pipe:b", initiator: true)
-        let sb = try await b.openSession(address: "pipe:a", initiator: false)
-        let pumps = [Task { while let m = await sa.nextMessage() { await sb.receive(m) } },
-                     Task { while let m = await sb.nextMessage() { await sa.receive(m) } }]
+        let pipe = PipeLink(a, b)  // the sessions, their pumps, and a reconnect as an app would
         #expect(await eventually { a.state.digest == b.state.digest })
         // Live changes flow both ways.
         try await a.save(Location(name: "live from a"))
         try await b.delete(ShiftType.self, id: try #require(b.fetchAll(ShiftType.self).first).id)
         #expect(await eventually { a.state.digest == b.state.digest && (try? a.fetchAll(ShiftType.self).isEmpty) == true })
         #expect(try b.fetchAll(Location.self).count == 301)
-        await sa.close()
-        for pump in pumps { await pump.value }
+        await pipe.close()
         await a.stopSync()
         await b.stopSync()
     }
