@@ -6,7 +6,9 @@ import PeerSyncModel
 /// reach peers as one delta, or — if the body throws — not at all.
 ///
 /// Reads through the batch see its own earlier writes. Use it only inside the closure it is
-/// given; afterwards every method throws ``BatchError/closed``.
+/// given; afterwards every method throws ``ReplicaError/batchClosed``. Its methods throw
+/// ``ReplicaError/invalidRecord(_:)`` for a record over a bound or one that does not decode as
+/// its type.
 public final class ReplicaBatch {
     private var state: ReplicaState
     private var delta: RecordMap?
@@ -18,8 +20,8 @@ public final class ReplicaBatch {
         self.state = state
     }
 
-    private func check() throws {
-        guard isOpen else { throw BatchError.closed }
+    private func check() throws(ReplicaError) {
+        guard isOpen else { throw .batchClosed }
     }
 
     private func add(_ change: RecordMap?) {
@@ -29,14 +31,14 @@ public final class ReplicaBatch {
     }
 
     /// Saves `record` (creating or updating it; only changed fields are written).
-    public func save<Record: SyncRecord>(_ record: Record) throws {
+    public func save<Record: SyncRecord>(_ record: Record) throws(ReplicaError) {
         try check()
-        add(try state.save(record))
+        add(try ReplicaError.wrapping(otherwise: ReplicaError.invalidRecord) { try state.save(record) })
     }
 
     /// Deletes the record of `type` with `id`. Returns false if there was no such record.
     @discardableResult
-    public func delete<Record: SyncRecord>(_ type: Record.Type, id: UUID) throws -> Bool {
+    public func delete<Record: SyncRecord>(_ type: Record.Type, id: UUID) throws(ReplicaError) -> Bool {
         try check()
         let change = state.delete(type, id: id)
         add(change)
@@ -45,26 +47,26 @@ public final class ReplicaBatch {
 
     /// Deletes `record`. Returns false if it did not exist.
     @discardableResult
-    public func delete<Record: SyncRecord>(_ record: Record) throws -> Bool {
+    public func delete<Record: SyncRecord>(_ record: Record) throws(ReplicaError) -> Bool {
         try delete(Record.self, id: record.id)
     }
 
     /// Sets (or with nil, unsets) a setting.
-    public func setSetting(_ key: String, to value: FieldValue?, scope: SettingScope) throws {
+    public func setSetting(_ key: String, to value: FieldValue?, scope: SettingScope) throws(ReplicaError) {
         try check()
         add(state.setSetting(key, to: value, scope: scope))
     }
 
     /// The record of `type` with `id` as the batch has it so far.
-    public func fetch<Record: SyncRecord>(_ type: Record.Type, id: UUID) throws -> Record? {
+    public func fetch<Record: SyncRecord>(_ type: Record.Type, id: UUID) throws(ReplicaError) -> Record? {
         try check()
-        return try state.fetch(type, id: id)
+        return try ReplicaError.wrapping(otherwise: ReplicaError.invalidRecord) { try state.fetch(type, id: id) }
     }
 
     /// All records of `type` as the batch has them so far.
-    public func fetchAll<Record: SyncRecord>(_ type: Record.Type) throws -> [Record] {
+    public func fetchAll<Record: SyncRecord>(_ type: Record.Type) throws(ReplicaError) -> [Record] {
         try check()
-        return try state.fetchAll(type)
+        return try ReplicaError.wrapping(otherwise: ReplicaError.invalidRecord) { try state.fetchAll(type) }
     }
 
     /// Moves the state in, runs `body`, and moves the state back out (without copying it).
@@ -81,21 +83,12 @@ public final class ReplicaBatch {
     }
 }
 
-/// Misuse of a ``ReplicaBatch``.
-public enum BatchError: Error, Equatable, CustomStringConvertible {
-    /// The batch was used after its closure returned.
-    case closed
-
-    /// One line that says what to do.
-    public var description: String {
-        "a batch was used after its closure returned; make every write inside the closure given to batch { … }"
-    }
-}
-
 extension Replica {
     /// Runs several saves, deletes and setting changes as one commit: one SQLite transaction
     /// and one delta to peers (the writes' deltas joined). If `body` throws, nothing is written
-    /// and the error comes out of `batch`. Returns what `body` returns.
+    /// and the error comes out of `batch` as it was thrown (so `batch` itself throws untyped:
+    /// the body's own errors, the batch's ``ReplicaError``s, or a ``ReplicaError`` of the
+    /// commit). Returns what `body` returns.
     ///
     /// ```swift
     /// try await replica.batch { b in

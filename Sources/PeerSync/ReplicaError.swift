@@ -27,12 +27,16 @@ public enum ReplicaError: Error, Sendable, Equatable, CustomStringConvertible {
     /// Sync could not start: the listening address could not be bound (in use, not an address of
     /// this machine) or the network is unavailable.
     case network(String)
+    /// A ``ReplicaBatch`` was used after the closure it was given to returned. Nothing was
+    /// written.
+    case batchClosed
 
     public var description: String {
         switch self {
         case .storage(let detail), .deviceKey(let detail), .invalidRecord(let detail), .attachment(let detail),
              .network(let detail): detail
         case .deviceAdministration(let error): error.description
+        case .batchClosed: "a batch was used after its closure returned; make every write inside the closure given to batch { … }"
         }
     }
 

@@ -29,8 +29,8 @@ import PeerSyncStore
 /// It throws only if a stored record cannot be decoded as the requested type, or the store
 /// cannot be read; the sequence ends after that.
 public struct ReplicaObservation<Element: Sendable>: AsyncSequence, Sendable {
-    /// Decoding or storage errors end the sequence.
-    public typealias Failure = any Error
+    /// Decoding (``ReplicaError/invalidRecord(_:)``) or storage errors end the sequence.
+    public typealias Failure = ReplicaError
     private let makeDriver: @Sendable () -> ObservationDriverBase<Element>
 
     init<Reducer: ObservationReducer>(replica: Replica, _ reducer: @escaping @Sendable () -> Reducer)
@@ -45,6 +45,7 @@ public struct ReplicaObservation<Element: Sendable>: AsyncSequence, Sendable {
 
     /// Iterates a ``ReplicaObservation``; each iterator is an observation of its own.
     public struct Iterator: AsyncIteratorProtocol {
+        public typealias Failure = ReplicaError
         private let driver: ObservationDriverBase<Element>
 
         init(driver: ObservationDriverBase<Element>) {
@@ -53,8 +54,8 @@ public struct ReplicaObservation<Element: Sendable>: AsyncSequence, Sendable {
 
         /// The current value on the first call; afterwards waits for the next different value.
         /// Returns nil when the task is cancelled.
-        public mutating func next() async throws -> Element? {
-            try await driver.next()
+        public mutating func next() async throws(ReplicaError) -> Element? {
+            do { return try await driver.next() } catch { throw ReplicaError(error, otherwise: ReplicaError.storage) }
         }
     }
 }

@@ -87,7 +87,7 @@ struct BatchTests {
         let app = try TestApp("closed")
         defer { Task { await app.close() } }
         let escaped = try await app.replica.batch { $0 }
-        #expect(throws: BatchError.closed) { try escaped.save(Location(name: "late")) }
+        #expect(throws: ReplicaError.batchClosed) { try escaped.save(Location(name: "late")) }
         #expect(try app.replica.fetchAll(Location.self).isEmpty)
     }
 
