@@ -2,7 +2,7 @@ import PeerSyncCRDT
 import PeerSyncTestSupport
 import Testing
 
-@Suite("Binary coding")
+@Suite("Binary coding", .computeLane)
 struct BinaryCodingTests {
     @Test("record maps, records and contexts round-trip")
     func roundTrip() throws {

@@ -13,7 +13,7 @@ struct CompactionViolation: Error, CustomStringConvertible {
     var description: String { "\(law) violated — replay with PEERSYNC_SEED=\(seed): \(detail)" }
 }
 
-@Suite("Compaction")
+@Suite("Compaction", .computeLane)
 struct CompactionTests {
     // MARK: - Contexts
 

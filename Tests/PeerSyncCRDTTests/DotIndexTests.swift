@@ -4,7 +4,7 @@ import PeerSyncTestSupport
 import Testing
 
 /// The dot index behind `delta(missingFrom:)` must give exactly what the full walk gives.
-@Suite("Dot index")
+@Suite("Dot index", .computeLane)
 struct DotIndexTests {
     /// Random reachable states (writes, deletes, lost and duplicated deliveries) of 3 and 5
     /// replicas; every ordered pair, plus random sub-contexts of the peer's.

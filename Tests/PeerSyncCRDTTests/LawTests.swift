@@ -4,7 +4,7 @@ import Testing
 
 /// One law checker, run on every CRDT type: join laws on random reachable states, and
 /// convergence under random delivery order with duplicates and losses, then anti-entropy.
-@Suite("CRDT laws")
+@Suite("CRDT laws", .computeLane)
 struct LawTests {
     static let joinCases = 2_000
     static let convergenceRuns = 500

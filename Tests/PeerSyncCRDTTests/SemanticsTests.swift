@@ -3,7 +3,7 @@ import PeerSyncTestSupport
 import Testing
 
 /// The behaviour DESIGN.md promises, one case each.
-@Suite("CRDT semantics")
+@Suite("CRDT semantics", .computeLane)
 struct SemanticsTests {
     let a = testReplica(0)
     let b = testReplica(1)

@@ -3,7 +3,7 @@ import PeerSyncTestSupport
 @testable import PeerSyncWire
 import Testing
 
-@Suite("Validation limits on the wire")
+@Suite("Validation limits on the wire", .computeLane)
 struct WireLimitsTests {
     static let invalidCounters: [UInt64] = [0, ValidationLimits.maxCounter + 1, 1 << 63, .max]
     static let validCounters: [UInt64] = [1, ValidationLimits.maxCounter]

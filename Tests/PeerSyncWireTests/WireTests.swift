@@ -3,7 +3,7 @@ import PeerSyncTestSupport
 @testable import PeerSyncWire
 import Testing
 
-@Suite("Frames and messages")
+@Suite("Frames and messages", .computeLane)
 struct WireTests {
     static func sampleMessages(_ rng: inout SeededGenerator) -> [Message] {
         let context = CausalContext(dots: (0..<5).map { _ in Dot(replica: testReplica(Int.random(in: 0..<3, using: &rng)), counter: UInt64.random(in: 1...30, using: &rng)) })
