@@ -190,7 +190,7 @@ let package = Package(
         ),
         .testTarget(
             name: "PeerSyncDiscoveryTests",
-            dependencies: ["PeerSyncDiscovery", "PeerSyncCRDT", "peersync-discovery-probe"]
+            dependencies: ["PeerSyncDiscovery", "PeerSyncCRDT", "PeerSyncTestSupport", "peersync-discovery-probe"]
         ),
     ],
     swiftLanguageModes: [.v6]

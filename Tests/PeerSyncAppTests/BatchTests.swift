@@ -7,7 +7,7 @@ import ShiftSchedulerModel
 struct ImportFailed: Error {}
 
 /// Batches: one transaction, one delta, all or nothing — also across kill -9.
-@Suite("Batches", .timeLimit(.minutes(6)))
+@Suite("Batches", .ownThread, .timeLimit(.minutes(6)))
 struct BatchTests {
     @Test("a batch commits one transaction and ships one delta")
     func oneTransactionOneDelta() async throws {

@@ -7,7 +7,7 @@ import ShiftSchedulerModel
 
 /// Live queries while local edits, a peer over TLS on 127.0.0.1 and another process all write
 /// at once.
-@Suite("Live queries under concurrent writers", .timeLimit(.minutes(6)))
+@Suite("Live queries under concurrent writers", .ownThread, .timeLimit(.minutes(6)))
 struct ConcurrentObservationTests {
     @Test("local, peer and other-process changes: every element is a committed state, in commit order")
     func threeWriters() async throws {

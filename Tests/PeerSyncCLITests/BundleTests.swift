@@ -4,7 +4,7 @@ import Testing
 
 /// Sync through files with `peersync bundle`: a context file from the device that lacks data, a
 /// bundle of exactly what it lacks, applied on it.
-@Suite("peersync bundle")
+@Suite("peersync bundle", .ownThread)
 struct BundleTests {
     func invite(_ store: String) throws -> String {
         try cli(in: store, ["invite"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)

@@ -36,7 +36,7 @@ func status(_ store: String) throws -> StatusJSON {
     return try JSONDecoder().decode(StatusJSON.self, from: Data(result.stdout.utf8))
 }
 
-@Suite("peersync command")
+@Suite("peersync command", .ownThread)
 struct CLITests {
     @Test("help of the command and of every subcommand", arguments: [
         [], ["init"], ["invite"], ["run"], ["location"], ["location", "add"], ["location", "set"], ["location", "rm"],

@@ -8,7 +8,7 @@ import ShiftSchedulerModel
 
 /// Values no command should compute with: a shift type's stored duration that is NaN, infinite
 /// or absurd (written by another program, or synced from a peer that did not check).
-@Suite("peersync and invalid stored values")
+@Suite("peersync and invalid stored values", .ownThread)
 struct InvalidValuesTests {
     @Test("shift-type list/show and --json show invalid durations instead of crashing")
     func invalidDurations() throws {

@@ -4,7 +4,7 @@ import Testing
 
 /// References through the command: a shift type's location that was removed reads as none, and
 /// editing the shift type must not write that "none" back (issue 29, item 4).
-@Suite("peersync and references")
+@Suite("peersync and references", .ownThread)
 struct CLIReferenceTests {
     func output(_ store: String, _ arguments: [String]) throws -> String {
         let result = try cli(in: store, arguments)

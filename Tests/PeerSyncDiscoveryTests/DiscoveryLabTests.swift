@@ -1,5 +1,6 @@
 import Foundation
 import PeerSyncCRDT
+import PeerSyncTestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -10,13 +11,13 @@ import Glibc
 /// Nothing here touches the machine's own network: the lab's namespaces are joined by a bridge in
 /// a namespace of its own, and every daemon is confined to its host's lab0 link.
 @Suite(
-    "Discovery in a network-namespace lab", .serialized,
+    "Discovery in a network-namespace lab", .ownThread, .serialized,
     .enabled(if: LabEnvironment.isUsable, "needs root, avahi-daemon, dbus-daemon, ip, unshare, setsid")
 )
 struct DiscoveryLabTests {
     static let timeToFind: Duration = .seconds(30)
 
-    @Test("Three hosts in one group find each other", .timeLimit(.minutes(3)))
+    @Test("Three hosts in one group find each other", .timeLimit(.minutes(10)))
     func threeHostsFindEachOther() throws {
         let lab = Lab()
         defer { lab.downAndVerify() }
@@ -69,7 +70,7 @@ struct DiscoveryLabTests {
         }
     }
 
-    @Test("A probe of another group is seen, and its TXT holds only the opaque tag", .timeLimit(.minutes(3)))
+    @Test("A probe of another group is seen, and its TXT holds only the opaque tag", .timeLimit(.minutes(10)))
     func otherGroupIsSeenWithOpaqueTagOnly() throws {
         let lab = Lab()
         defer { lab.downAndVerify() }
@@ -115,7 +116,7 @@ struct DiscoveryLabTests {
         }
     }
 
-    @Test("Without a reachable daemon a probe says so once, keeps running, and recovers", .timeLimit(.minutes(3)))
+    @Test("Without a reachable daemon a probe says so once, keeps running, and recovers", .timeLimit(.minutes(10)))
     func unreachableDaemonIsReportedOnceAndRecovered() throws {
         let lab = Lab()
         defer { lab.downAndVerify() }
@@ -169,7 +170,7 @@ struct DiscoveryLabTests {
         }
     }
 
-    @Test("A host whose daemon restarts becomes discoverable again without restarting its probe", .timeLimit(.minutes(3)))
+    @Test("A host whose daemon restarts becomes discoverable again without restarting its probe", .timeLimit(.minutes(10)))
     func restartedDaemonIsDiscoverableAgain() throws {
         let lab = Lab()
         defer { lab.downAndVerify() }

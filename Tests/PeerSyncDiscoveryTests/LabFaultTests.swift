@@ -1,5 +1,6 @@
 import Foundation
 import PeerSyncCRDT
+import PeerSyncTestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -9,7 +10,7 @@ import Glibc
 /// Faults real LANs produce, in the namespace lab: partitions that heal, packet loss, and a
 /// wiretap on the bridge.
 @Suite(
-    "Faults in a network-namespace lab", .serialized,
+    "Faults in a network-namespace lab", .ownThread, .serialized,
     .enabled(if: LabEnvironment.isUsable, "needs root, avahi-daemon, dbus-daemon, ip, unshare, setsid")
 )
 struct LabFaultTests {
@@ -46,7 +47,7 @@ struct LabFaultTests {
     }
 
     @Test("a host cut off while everyone edits converges after the heal; 30% packet loss still converges",
-          .timeLimit(.minutes(4)))
+          .timeLimit(.minutes(10)))
     func partitionAndLoss() throws {
         let lab = Lab()
         defer { lab.downAndVerify() }
@@ -88,7 +89,7 @@ struct LabFaultTests {
     }
 
     @Test("a capture on the lab bridge holds no plaintext of a secure session (and does of an insecure one)",
-          .timeLimit(.minutes(3)))
+          .timeLimit(.minutes(10)))
     func captureHasNoPlaintext() throws {
         let lab = Lab()
         defer { lab.downAndVerify() }

@@ -1,5 +1,6 @@
 import Foundation
 import PeerSyncCRDT
+import PeerSyncTestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -8,7 +9,7 @@ import Glibc
 
 /// Real `peersync run` nodes, one per lab host, finding each other by DNS-SD alone.
 @Suite(
-    "Nodes with discovery in a network-namespace lab", .serialized,
+    "Nodes with discovery in a network-namespace lab", .ownThread, .serialized,
     .enabled(if: LabEnvironment.isUsable, "needs root, avahi-daemon, dbus-daemon, ip, unshare, setsid")
 )
 struct NodeLabTests {
@@ -46,7 +47,7 @@ struct NodeLabTests {
     }
 
     @Test("three nodes with discovery only (no --peer) find each other and converge; another group's node is never connected",
-          .timeLimit(.minutes(4)))
+          .timeLimit(.minutes(10)))
     func discoveryOnly() throws {
         let lab = Lab()
         defer { lab.downAndVerify() }

@@ -4,7 +4,7 @@ import Testing
 
 /// SIGKILL of `peersync run` processes at random instants; nothing the CLI reported committed
 /// may be lost, and everyone converges after the restart.
-@Suite("Crashes", .serialized)
+@Suite("Crashes", .ownThread, .serialized)
 struct CrashTests {
     @Test("SIGKILL during catch-up: the store reopens, and the restarted node converges")
     func killDuringCatchUp() async throws {

@@ -13,7 +13,7 @@ import ShiftSchedulerModel
 /// Devices, not a shared password (issue 12): invites that are single-use and expire, removal
 /// that takes effect everywhere within seconds, and roster entries checked on every node. Real
 /// stores, real TCP on 127.0.0.1, mutual TLS 1.3 with device certificates.
-@Suite("Devices", .serialized)
+@Suite("Devices", .ownThread, .serialized)
 struct DevicesTests {
     /// A replica in a temporary directory, logging into `lines` when given.
     final class Device: @unchecked Sendable {

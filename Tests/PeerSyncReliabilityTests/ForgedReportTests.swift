@@ -10,7 +10,7 @@ import ShiftSchedulerModel
 
 /// No member can talk a node into forgetting (issue 32): hand-built `seen` frames from an
 /// admitted member, over real TLS, never make a node purge what another device has not seen.
-@Suite("Forged compaction reports", .serialized)
+@Suite("Forged compaction reports", .ownThread, .serialized)
 struct ForgedReportTests {
     let group = try! LocalGroup.make(names: ["n", "a", "c"])
 

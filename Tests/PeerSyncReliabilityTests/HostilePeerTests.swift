@@ -12,7 +12,7 @@ import Testing
 /// A hostile peer against a real `peersync run` process: garbage, huge lengths, slow partial
 /// frames, replays of a recorded session, wrong secrets and versions. The node stays up, keeps
 /// syncing with its honest peer, keeps its digest, and its memory stays bounded.
-@Suite("Hostile peers", .serialized)
+@Suite("Hostile peers", .ownThread, .serialized)
 struct HostilePeerTests {
     static func residentKilobytes(_ pid: Int32) -> Int? {
         guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),

@@ -7,7 +7,7 @@ import ShiftSchedulerModel
 
 /// A store restored from an older backup, or copied to a second machine, must never issue a dot
 /// twice, and must lose none of its writes (issue 17).
-@Suite("Restored and copied stores", .serialized)
+@Suite("Restored and copied stores", .ownThread, .serialized)
 struct RestoreAndCopyTests {
     let copies = StoreCopies(names: ["a", "b"])
     var group: LocalGroup { copies.group }

@@ -8,7 +8,7 @@ import ShiftSchedulerModel
 /// A device that comes back from the past — a backup put back as new files or over the old ones
 /// in place — converges with the group: nothing the group purged comes back, and every write it
 /// made since the restore is kept (issue 29, failures 1 and 3). Real TLS, real SQLite files.
-@Suite("Time travel", .serialized)
+@Suite("Time travel", .ownThread, .serialized)
 struct TimeTravelTests {
     let copies = StoreCopies(names: ["a", "b"])
     func open(_ directory: String, _ name: String, _ lines: RecordingLogHandler.Lines = .init()) throws -> Replica {

@@ -15,7 +15,7 @@ import ShiftSchedulerModel
 /// Stores made by the previous version (protocol 1, a shared group secret) move to device
 /// identities without losing anything (issue 12, "Upgrade without data loss"). The fixtures in
 /// Tests/Fixtures/protocol-1 were made by `peersync` at commit 576a906 (Tests/Fixtures/README.md).
-@Suite("Upgrade from protocol 1", .serialized)
+@Suite("Upgrade from protocol 1", .ownThread, .serialized)
 struct UpgradeTests {
     static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .appendingPathComponent("Fixtures/protocol-1").path

@@ -8,7 +8,7 @@ import Testing
 import ShiftSchedulerModel
 
 /// Bad files and failing disks: one clear error naming the file and the cause, nothing half-written.
-@Suite("Store errors")
+@Suite("Store errors", .ownThread)
 struct BadInputTests {
     static let isRoot = getuid() == 0
 

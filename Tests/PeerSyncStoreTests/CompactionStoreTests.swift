@@ -9,7 +9,7 @@ import ShiftSchedulerModel
 
 /// The store's side of compaction (issue 13) on real database files: purging in batches,
 /// returning space, persisting the gossip and `P`, and surviving kill -9 mid-run.
-@Suite("Store compaction")
+@Suite("Store compaction", .ownThread)
 struct CompactionStoreTests {
     /// The database file's size after a full checkpoint (the WAL folded in and truncated).
     func checkpointedBytes(_ directory: String) throws -> Int {

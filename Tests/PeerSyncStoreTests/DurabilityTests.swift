@@ -11,7 +11,7 @@ import ShiftSchedulerModel
 /// Store writes never hold the state lock across fsync (issue 11): a write held just before its
 /// flush leaves `state` readable, already showing the committed change. Nor across a large
 /// remote change's transaction (issue 15): readers see the state before it meanwhile.
-@Suite("Store durability")
+@Suite("Store durability", .ownThread)
 struct DurabilityTests {
     @Test("while a write waits for its fsync, readers read the committed state without waiting")
     func readersDoNotWaitForFsync() throws {

@@ -8,7 +8,7 @@ import Testing
 import ShiftSchedulerModel
 
 /// Real database files in temporary folders.
-@Suite("Replica store")
+@Suite("Replica store", .ownThread)
 struct StoreTests {
     /// Random local writes, deletes, settings and remote deltas (with conflicts) into `store`.
     func randomHistory(_ store: ReplicaStore, seed: UInt64) throws {

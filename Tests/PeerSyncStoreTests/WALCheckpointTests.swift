@@ -8,7 +8,7 @@ import Testing
 import ShiftSchedulerModel
 
 /// WAL checkpoints run off the commit path (`WALCheckpointer`), and the WAL still stays bounded.
-@Suite("WAL checkpoints")
+@Suite("WAL checkpoints", .ownThread)
 struct WALCheckpointTests {
     /// ~64 KiB per record: each commit adds ~35 WAL pages (the record row and its journal delta).
     private static let bulk = String(repeating: "x", count: 64 * 1024)
