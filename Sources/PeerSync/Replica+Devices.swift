@@ -69,19 +69,26 @@ extension Replica {
         let store = try ReplicaStore.create(directory: directory, name: name)
         do {
             let key = try DeviceKey.create(at: keyPath(directory))
-            var genesisID: GroupID?
-            try store.write { state in
-                let genesis = try RosterEntry.genesis(groupName: groupName ?? "\(name)'s group", creatorName: name,
-                                                      timestamp: state.nextTimestamp(), creator: key)
-                genesisID = GroupID(bytes: genesis.id.bytes)
-                return state.write(genesis.fields, to: genesis.recordKey)
-            }
-            try store.setMembership(GroupMembership(groupID: genesisID!.bytes))
+            let groupID = try startGroup(in: store, creator: key, name: name, groupName: groupName)
+            try store.setMembership(GroupMembership(groupID: groupID.bytes))
         } catch {
             try? FileManager.default.removeItem(atPath: directory)
             throw error
         }
         return try Replica(store: store, directory: directory, logger: logger)
+    }
+
+    /// Writes the genesis entry of a new group (`groupName`, or "`name`'s group") into `store`,
+    /// which makes `creator` its first admin; returns the group's ID.
+    static func startGroup(in store: ReplicaStore, creator: DeviceKey, name: String, groupName: String?) throws -> GroupID {
+        var genesisID: GroupID?
+        try store.write { state in
+            let genesis = try RosterEntry.genesis(groupName: groupName ?? "\(name)'s group", creatorName: name,
+                                                  timestamp: state.nextTimestamp(), creator: creator)
+            genesisID = GroupID(bytes: genesis.id.bytes)
+            return state.write(genesis.fields, to: genesis.recordKey)
+        }
+        return genesisID!
     }
 
     /// Creates a replica at `directory` that joins a group with an invite code: a device key and
@@ -195,14 +202,7 @@ extension Replica {
             }
         } else {
             // A library store from before groups: it starts a group of its own.
-            var genesisID: GroupID?
-            try store.write { state in
-                let genesis = try RosterEntry.genesis(groupName: "\(state.name)'s group", creatorName: state.name,
-                                                      timestamp: state.nextTimestamp(), creator: key)
-                genesisID = GroupID(bytes: genesis.id.bytes)
-                return state.write(genesis.fields, to: genesis.recordKey)
-            }
-            groupID = genesisID!
+            groupID = try startGroup(in: store, creator: key, name: store.state.name, groupName: nil)
         }
         try store.setMembership(GroupMembership(groupID: groupID.bytes))
         try claimReplicaID(store, key: key, groupID: groupID)

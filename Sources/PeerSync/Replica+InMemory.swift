@@ -37,14 +37,8 @@ extension Replica {
     private static func makeInMemory(name: String, groupName: String?, logger: Logger) throws -> Replica {
         let store = try ReplicaStore.inMemory(name: name)
         let key = DeviceKey.generate()
-        var genesisID: GroupID?
-        try store.write { state in
-            let genesis = try RosterEntry.genesis(groupName: groupName ?? "\(name)'s group", creatorName: name,
-                                                  timestamp: state.nextTimestamp(), creator: key)
-            genesisID = GroupID(bytes: genesis.id.bytes)
-            return state.write(genesis.fields, to: genesis.recordKey)
-        }
-        try store.setMembership(GroupMembership(groupID: genesisID!.bytes))
+        let groupID = try startGroup(in: store, creator: key, name: name, groupName: groupName)
+        try store.setMembership(GroupMembership(groupID: groupID.bytes))
         return try Replica(store: store, key: key, logger: logger)
     }
 

@@ -16,6 +16,14 @@ struct InMemoryReplicaTests {
         #expect(!FileManager.default.fileExists(atPath: replica.store.filesDirectory), sourceLocation: sourceLocation)
     }
 
+    /// Stops sync on each replica, then checks it left no file.
+    func stopExpectingNoFiles(_ replicas: Replica..., sourceLocation: SourceLocation = #_sourceLocation) async {
+        for replica in replicas {
+            await replica.stopSync()
+            expectNoFiles(replica, sourceLocation: sourceLocation)
+        }
+    }
+
     @Test("saves, fetches, batches, live queries and changes() work in memory, and nothing is written to disk")
     func savesAndFetches() async throws {
         let replica = try Replica.inMemory(name: "Preview", logger: testLogger("preview"))
@@ -69,10 +77,7 @@ struct InMemoryReplicaTests {
         #expect(await eventually { a.state.digest == b.state.digest && (try? a.fetchAll(ShiftType.self).isEmpty) == true })
         #expect(try b.fetchAll(Location.self).count == 51)
         await pipe.close()
-        await a.stopSync()
-        await b.stopSync()
-        expectNoFiles(a)
-        expectNoFiles(b)
+        await stopExpectingNoFiles(a, b)
     }
 
     @Test("two in-memory devices of a local group sync over TCP")
@@ -84,10 +89,7 @@ struct InMemoryReplicaTests {
         try await connect(a, b)
         try await b.save(Location(name: "Ward 4"))
         #expect(await eventually { a.state.digest == b.state.digest && (try? a.fetchAll(Location.self).count) == 2 })
-        await a.stopSync()
-        await b.stopSync()
-        expectNoFiles(a)
-        expectNoFiles(b)
+        await stopExpectingNoFiles(a, b)
     }
 
     @Test("attachments work in memory: their bytes go to a temporary directory of the store")
