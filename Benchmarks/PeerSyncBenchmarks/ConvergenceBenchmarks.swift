@@ -123,10 +123,12 @@ enum ConvergenceBenchmarks {
                 for i in 0..<updates {
                     let key = RecordKey(collection: ShiftType.collection, id: keys.randomElement(using: &rng)!)
                     let version = Int64(1_000_000 + i)
-                    if let delta = try a.store.write({ $0.upsert([durationField: .int(version)], to: key) }) {
-                        tracker.committed(key, version: version, at: ContinuousClock.now)
-                        deltas.append(delta)  // the node ships it: it follows the store's commit feed
-                    }
+                    // Announced before the write: the node ships it from the store's commit feed,
+                    // and B may see it before `write` returns.
+                    tracker.expect(key, version: version)
+                    let delta = try a.store.write({ $0.upsert([durationField: .int(version)], to: key) })
+                    tracker.committed(key, version: version, at: ContinuousClock.now, wrote: delta != nil)
+                    if let delta { deltas.append(delta) }
                     if (i + 1) % step == 0 {
                         // Cumulative bytes once B has seen every update so far (a short pause in the stream).
                         _ = await waitUntil(.seconds(10)) { tracker.pendingKeys.isEmpty }
@@ -390,12 +392,16 @@ enum ConvergenceBenchmarks {
                                 for e in 0..<edits {
                                     let key = workloadKey()
                                     let fields = workloadRecord(records + i * edits + e, &rng)
-                                    if let delta = try peer.store.write({ $0.write(fields, to: key) }) {
-                                        let now = ContinuousClock.now
+                                    // Announced before the write: the node ships it from the commit
+                                    // feed, and a peer may see it before `write` returns.
+                                    for (j, tracker) in trackers.enumerated() where j != i { tracker.expect(key, version: 0) }
+                                    let delta = try peer.store.write({ $0.write(fields, to: key) })
+                                    let now = ContinuousClock.now
+                                    for (j, tracker) in trackers.enumerated() where j != i {
+                                        tracker.committed(key, version: 0, at: now, wrote: delta != nil)
+                                    }
+                                    if let delta {
                                         lastEdit.withLock { $0 = max($0, now) }
-                                        for (j, tracker) in trackers.enumerated() where j != i {
-                                            tracker.committed(key, version: 0, at: now)
-                                        }
                                         framed.withLock { $0.append(framedDeltaBytes(delta)) }  // the node ships it
                                     }
                                     await Task.yield()

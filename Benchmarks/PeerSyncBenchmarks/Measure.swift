@@ -164,24 +164,65 @@ func connectMesh(_ peers: [PeerUnderTest], timeout: Duration) async -> Bool {
 }
 
 /// Edit → visible bookkeeping: when each edit was committed, when a watching node first saw it.
+///
+/// An edit is announced with ``expect(_:version:)`` *before* its write: the node ships from the
+/// store's commit feed, on its own task, so the peer can see an edit before the writer's
+/// `write` call has returned (announced after the write, such an edit was never matched and
+/// the run "did not converge" with every digest equal). ``committed(_:version:at:)`` then sets
+/// the instant latencies are measured from (the commit's end, as before); an edit seen before
+/// that counts as latency 0.
 final class VisibilityTracker: Sendable {
+    private struct Edit {
+        var version: Int64
+        /// The commit's end; nil while the write is still in progress.
+        var at: ContinuousClock.Instant?
+    }
     private struct State {
-        var committed: [RecordKey: [(version: Int64, at: ContinuousClock.Instant)]] = [:]
+        var committed: [RecordKey: [Edit]] = [:]
+        /// Edits seen before their write returned.
+        var seenEarly: Set<EarlyEdit> = []
         var samples: [Double] = []
+    }
+    private struct EarlyEdit: Hashable {
+        let key: RecordKey
+        let version: Int64
     }
     private let state = Mutex(State())
 
-    func committed(_ key: RecordKey, version: Int64, at instant: ContinuousClock.Instant) {
-        state.withLock { $0.committed[key, default: []].append((version, instant)) }
+    /// An edit of `key` to `version` is about to be written.
+    func expect(_ key: RecordKey, version: Int64) {
+        state.withLock { $0.committed[key, default: []].append(Edit(version: version, at: nil)) }
+    }
+
+    /// The write announced by ``expect(_:version:)`` returned at `instant` (`wrote` false: it
+    /// changed nothing, so nothing will be seen).
+    func committed(_ key: RecordKey, version: Int64, at instant: ContinuousClock.Instant, wrote: Bool = true) {
+        state.withLock { s in
+            if s.seenEarly.remove(EarlyEdit(key: key, version: version)) != nil {
+                if wrote { s.samples.append(0) }
+                return
+            }
+            guard var edits = s.committed[key], let index = edits.firstIndex(where: { $0.version == version && $0.at == nil }) else { return }
+            if wrote { edits[index].at = instant } else { edits.remove(at: index) }
+            s.committed[key] = edits.isEmpty ? nil : edits
+        }
     }
 
     /// `key` is now at `version` on the watcher: every edit of it up to `version` is visible.
     func seen(_ key: RecordKey, version: Int64, at instant: ContinuousClock.Instant) {
         state.withLock { s in
             guard let pending = s.committed[key] else { return }
-            var rest: [(version: Int64, at: ContinuousClock.Instant)] = []
+            var rest: [Edit] = []
             for edit in pending {
-                if edit.version <= version { s.samples.append(milliseconds(instant - edit.at)) } else { rest.append(edit) }
+                guard edit.version <= version else {
+                    rest.append(edit)
+                    continue
+                }
+                if let at = edit.at {
+                    s.samples.append(milliseconds(instant - at))
+                } else {
+                    s.seenEarly.insert(EarlyEdit(key: key, version: edit.version))
+                }
             }
             s.committed[key] = rest.isEmpty ? nil : rest
         }
