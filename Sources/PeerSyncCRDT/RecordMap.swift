@@ -196,6 +196,17 @@ package struct RecordMap: Sendable {
         // against the state before this join, while the dot index is in place.
         let echoes = compactedThrough.isEmpty ? [] : purgedEchoes(in: delta)
         outcome.droppedEchoes = echoes
+        joinRecords(of: delta, skipping: echoes, into: &outcome)
+        // After the join has ended: it holds the context as it was before, and while it lived
+        // the context's dot cloud was shared, so merging into it copied the whole cloud
+        // (O(cloud) per delta: building a 100k-record delta record by record was quadratic).
+        mergeContext(delta.context)
+        if dotIndex?.needsRebuild == true { dotIndex = DotIndex.build(collections) }
+        return outcome
+    }
+
+    /// Joins `delta`'s records (not its context) into `self`, keeping the digest and dot index.
+    private mutating func joinRecords(of delta: RecordMap, skipping echoes: Set<RecordKey>, into outcome: inout MergeOutcome) {
         var join = RecordJoin(seenBefore: context, digest: maintainedDigest, index: dotIndex)
         // Uniquely referenced while they change.
         maintainedDigest = nil
@@ -217,9 +228,6 @@ package struct RecordMap: Sendable {
         }
         maintainedDigest = join.digest
         dotIndex = join.index
-        mergeContext(delta.context)
-        if dotIndex?.needsRebuild == true { dotIndex = DotIndex.build(collections) }
-        return outcome
     }
 
     /// Deltas of more records than this reserve room in ``MergeOutcome``'s sets before the join.
