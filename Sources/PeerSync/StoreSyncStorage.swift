@@ -1,5 +1,5 @@
 import Foundation
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncIdentity
 import PeerSyncModel
 import PeerSyncReplication
@@ -44,7 +44,7 @@ package struct StoreSyncStorage: SyncStorage {
 
     /// Follows the store's commit feed for what did not come from a peer.
     package func followCommits() -> any CommitFollower {
-        StoreCommitFollower(store.commits.subscribe(CommitInterest(collections: nil, outgoing: true)))
+        StoreCommitFollower(store.commits.subscribe(CommitInterest(collections: [], outgoing: true)))
     }
 
     // MARK: - Compaction gossip

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncModel
 import Synchronization
 
@@ -52,6 +52,11 @@ package struct CommitInterest: Sendable {
     }
 
     func wants(_ key: RecordKey) -> Bool { collections?.contains(key.collection) ?? true }
+
+    /// Whether changed keys matter at all (the replicator's interest, `collections: []` and
+    /// `outgoing`, wants only the deltas to ship: naming every key of a 100k-record catch-up
+    /// for it cost a sixth of the initial sync, issue 30).
+    var wantsKeys: Bool { origins || collections.map { !$0.isEmpty } ?? true }
 }
 
 /// The changes a subscription has accumulated since it was last drained (several commits
@@ -111,7 +116,7 @@ package struct PendingChanges: Sendable {
         }
         if interest.collections == nil {
             keys.formUnion(notice.keys)
-        } else {
+        } else if interest.wantsKeys {
             for key in notice.keys where interest.wants(key) { keys.insert(key) }
         }
     }
@@ -179,15 +184,25 @@ package final class CommitFeed: Sendable {
         var reloadOrigin: ChangeOrigin?
         var outgoing: [RecordMap] = []
         var resync = false
-        // Without subscribers, only count (a subscriber that arrives meanwhile reads a snapshot
-        // that includes this change anyway).
-        let listened = state.withLock { !$0.subscribers.isEmpty }
-        func add(_ delta: RecordMap, from origin: ChangeOrigin, ship: Bool) {
-            var keys = byOrigin.removeValue(forKey: origin) ?? []
-            for (collection, records) in delta.collections {
-                for id in records.keys { keys.insert(RecordKey(collection: collection, id: id)) }
+        // Without subscribers, only count; without one that wants keys, name none (a subscriber
+        // that arrives meanwhile reads a snapshot that includes this change anyway).
+        let (listened, keysWanted) = state.withLock { s -> (Bool, Bool) in
+            var listened = false
+            for each in s.subscribers.values {
+                guard let subscription = each.subscription else { continue }
+                listened = true
+                if subscription.interest.wantsKeys { return (true, true) }
             }
-            byOrigin[origin] = keys
+            return (listened, false)
+        }
+        func add(_ delta: RecordMap, from origin: ChangeOrigin, ship: Bool) {
+            if keysWanted {
+                var keys = byOrigin.removeValue(forKey: origin) ?? []
+                for (collection, records) in delta.collections {
+                    for id in records.keys { keys.insert(RecordKey(collection: collection, id: id)) }
+                }
+                byOrigin[origin] = keys
+            }
             if ship { outgoing.append(delta) }
         }
         for change in absorbed where listened {
@@ -301,6 +316,7 @@ package final class CommitSubscription: Sendable {
     /// filtered later, on the subscriber's own task.
     private func isIrrelevant(_ notice: CommitNotice) -> Bool {
         guard let collections = interest.collections, !notice.reload, notice.keys.count <= 32,
+              !(interest.outgoing && (!notice.outgoing.isEmpty || notice.resync)),
               !(interest.localSettings && notice.localSettingsChanged),
               !(interest.conflicts && notice.conflictsChanged) else { return false }
         return !notice.keys.contains { collections.contains($0.collection) }
