@@ -1,7 +1,7 @@
 import Foundation
 import Logging
 import PeerSync
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncModel
 import ShiftSchedulerModel
 

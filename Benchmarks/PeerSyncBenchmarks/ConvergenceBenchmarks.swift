@@ -1,5 +1,6 @@
 import Foundation
 import PeerSync
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncWire
 import Synchronization
 import ShiftSchedulerModel

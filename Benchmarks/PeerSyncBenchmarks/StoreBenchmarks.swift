@@ -1,5 +1,5 @@
 import Foundation
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncModel
 import PeerSyncStore
 import ShiftSchedulerModel

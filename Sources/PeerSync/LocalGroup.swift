@@ -1,6 +1,6 @@
 import Foundation
 import Logging
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncIdentity
 import PeerSyncModel
 import PeerSyncReplication

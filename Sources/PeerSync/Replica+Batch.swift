@@ -1,5 +1,5 @@
 import Foundation
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncModel
 
 /// The writes of one ``Replica/batch(_:)``: they commit together in one SQLite transaction and

@@ -1,7 +1,7 @@
 import Dispatch
 import Foundation
 import Logging
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncIdentity
 import PeerSyncModel
 import PeerSyncStore

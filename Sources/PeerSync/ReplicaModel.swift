@@ -1,6 +1,6 @@
 import Foundation
 import Observation
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncModel
 import PeerSyncReplication
 import PeerSyncNetwork

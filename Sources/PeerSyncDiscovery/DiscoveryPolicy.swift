@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// A browsed service instance: name, type and domain as the browse callback gives them.
 struct ServiceKey: Hashable, Comparable {

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// What this node publishes on the LAN: a DNS-SD service instance of type `_peersync._tcp`.
 ///

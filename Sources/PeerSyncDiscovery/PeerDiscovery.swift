@@ -4,7 +4,7 @@ import Glibc
 import Darwin
 #endif
 import Foundation
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import Synchronization
 
 /// Finds PeerSync nodes on the LAN with DNS-SD (Avahi's Bonjour compatibility layer on Linux),

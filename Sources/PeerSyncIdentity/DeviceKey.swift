@@ -1,5 +1,5 @@
 import Crypto
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 #if canImport(Glibc)
 import Glibc

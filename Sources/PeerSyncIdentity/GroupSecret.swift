@@ -1,5 +1,5 @@
 import Crypto
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// The secret of a sync group. Only devices that know it can connect; it is shared as an
 /// invite code a person can type or paste:

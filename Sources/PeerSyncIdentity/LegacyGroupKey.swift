@@ -1,5 +1,5 @@
 import Crypto
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// A P-256 key derived from an old shared group secret (the 20 bytes behind a `PS1-` code):
 /// the root of a group upgraded to device identities.

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// The effective state of a group's roster: which devices belong, with which role, who claims
 /// which replica ID, which invites are open. A pure function of the set of entries — every

@@ -1,5 +1,5 @@
 import Crypto
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// Reading a roster entry's bytes: the checks every received entry passes, the errors it can
 /// fail with, and the strict reader they use (docs/ROSTER-DRAFT.md §3).

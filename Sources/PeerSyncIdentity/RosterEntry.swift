@@ -1,5 +1,5 @@
 import Crypto
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// What a roster entry says. Each kind names who may sign it (checked when the roster is
 /// evaluated, ``Roster``); the signer's key is carried by every entry, not repeated here.

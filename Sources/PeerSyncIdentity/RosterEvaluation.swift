@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// One evaluation round: the state while applying entries in order.
 struct Evaluation {

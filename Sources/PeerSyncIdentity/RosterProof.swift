@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// Proofs of admission, and the admins' confirmations that make them independent of invites.
 ///

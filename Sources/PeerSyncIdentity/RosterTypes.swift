@@ -1,5 +1,5 @@
 import Crypto
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// The identity of a sync group: 128 bits.
 ///

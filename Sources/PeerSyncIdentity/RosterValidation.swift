@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// What to do with roster entries received from a peer, decided before anything is stored.
 ///

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// Signing and checking compaction reports (docs/PROTOCOL.md §19, docs/SECURITY.md): a report
 /// counts only if the device that claims its replica signed it.

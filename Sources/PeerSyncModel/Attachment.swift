@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// The SHA-256 of an attachment's bytes: its name in the content-addressed store and on the wire.
 public struct AttachmentHash: Hashable, Comparable, Sendable, Codable, CustomStringConvertible {

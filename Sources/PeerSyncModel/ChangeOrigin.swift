@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// Where a committed change to a replica came from (``ReplicaChange/origin``; the store's commit
 /// feed tags each change with it).

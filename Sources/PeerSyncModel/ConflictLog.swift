@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// One concurrent overwrite: which value won a field, which lost, and when it was noticed.
 package struct ConflictEntry: Hashable, Sendable {

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// Decodes a `Decodable` value from a ``FieldValue`` tree made by ``FieldEncoder`` (or by a
 /// newer or older version of the type: unknown keys are ignored, missing optionals read nil).

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// Encodes a `Codable` value into a ``FieldValue`` tree: keyed containers become `.map`,
 /// unkeyed ones `.list`, integers `.int`, floating point `.double`, `Data` `.bytes`.

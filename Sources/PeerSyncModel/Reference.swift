@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// A typed link to a record of another collection, for use as a property of a ``SyncRecord``.
 ///

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// Everything one replica holds, as a value: its identity, clock, synced records and settings,
 /// device-local settings and conflict log. No I/O: the store persists it, the session ships

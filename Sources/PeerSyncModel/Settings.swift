@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// Where a setting lives.
 public enum SettingScope: String, Sendable, CaseIterable, Codable {

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// A record type that PeerSync keeps in sync: a plain `Codable` struct with a UUID `id`.
 ///

@@ -1,5 +1,5 @@
 import PeerSyncReplication
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncIdentity
 import PeerSyncWire
 

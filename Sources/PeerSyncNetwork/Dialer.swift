@@ -1,6 +1,6 @@
 import PeerSyncReplication
 import Logging
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncIdentity
 
 /// Carries out a node's ``DialScheduler``: starts the attempts it decides on, sleeps until the

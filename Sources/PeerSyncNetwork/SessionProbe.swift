@@ -1,7 +1,7 @@
 import PeerSyncReplication
 import NIOCore
 import NIOPosix
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncIdentity
 import PeerSyncWire
 

@@ -3,7 +3,7 @@ import Logging
 import NIOCore
 import NIOPosix
 import NIOSSL
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncIdentity
 import PeerSyncWire
 

@@ -1,7 +1,7 @@
 import PeerSyncReplication
 import NIOCore
 import NIOSSL
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncIdentity
 
 /// TLS 1.2 with a pre-shared key from a group secret: how protocol-1 nodes talk. Kept to reach

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncModel
 
 /// Decides which attachment bytes to fetch, from which peer, in which ranges: lazily (only

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncWire
 
 /// A TCP endpoint: a host name or IP address and a port.

@@ -1,7 +1,7 @@
 import Dispatch
 import Logging
 import Crypto
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncIdentity
 import PeerSyncModel
 import PeerSyncWire

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncWire
 
 /// The rules of a session's inbound frames, with no sockets: the one place where a frame's type

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncModel
 
 /// What a storage holds of one attachment's bytes.

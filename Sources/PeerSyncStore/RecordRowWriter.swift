@@ -1,7 +1,7 @@
 import Foundation
 import GRDB
 import GRDBSQLite
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// Upserts `record` rows through SQLite's C API, one prepared statement per transaction.
 ///

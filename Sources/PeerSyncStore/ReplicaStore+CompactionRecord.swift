@@ -1,6 +1,6 @@
 import Foundation
 import GRDB
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import Synchronization
 
 /// What a store keeps for compaction at causal stability (docs/ARCHITECTURE.md, "Compaction at

@@ -1,6 +1,6 @@
 import Foundation
 import GRDB
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncModel
 
 /// A conflict as the store keeps it: the entry, its row number and whether an app marked it

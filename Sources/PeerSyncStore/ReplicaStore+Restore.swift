@@ -1,6 +1,6 @@
 import Foundation
 import GRDB
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncModel
 
 /// A store that comes back from the past (docs/ARCHITECTURE.md, "Restores"): the writes it made

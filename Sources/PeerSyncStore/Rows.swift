@@ -1,5 +1,5 @@
 import GRDB
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncModel
 
 /// The `replica` table's single row.

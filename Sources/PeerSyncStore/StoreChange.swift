@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 /// A change another process committed (or this one, for the journal reader).
 package struct StoreChange: Sendable {
     /// The journal's sequence number.

@@ -1,5 +1,5 @@
 import GRDB
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// Why a store could not be opened, read or written. Each case names the file and says what a
 /// person can do; ``description`` is one line for a terminal.

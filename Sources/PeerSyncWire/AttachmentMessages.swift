@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 // Attachment transfer messages (docs/PROTOCOL.md, "Attachments"). Bodies encoded like every
 // other message (protobuf wire format through FieldWriter/FieldReader), framed with types

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// Frames: a varint length, then that many bytes — a one-byte message type and the body.
 ///

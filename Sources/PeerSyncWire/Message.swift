@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// Why a session ends (in `goodbye` and `error` messages).
 public enum CloseReason: UInt64, Sendable, Equatable, CustomStringConvertible {

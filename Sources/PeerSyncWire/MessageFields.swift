@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// Message bodies are sequences of fields in protobuf's wire format, so that unknown fields
 /// from newer peers can be skipped and any protobuf library can read them:

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 // The compaction gossip message (docs/PROTOCOL.md §19): type 16, its body a list of signed
 // reports, no fields — like `delta`. Not a case of `Message`: only a peer whose hello announced

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// Upper bounds of encoded sizes, so a sender can cut frames that never exceed the limit its
 /// peer announced, without encoding twice.

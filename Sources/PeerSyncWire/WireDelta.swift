@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// The session encoding of a ``RecordMap`` (a delta, a catch-up chunk, or a whole state).
 /// Replica IDs, collection and field names go through the session's ``WireDictionary``.

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// Per-session, per-direction interning of replica IDs and names, plus the last timestamp
 /// sent, so a delta names a 16-byte replica ID or a field name once per session and refers to

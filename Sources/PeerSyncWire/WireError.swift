@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// Why bytes from a peer were refused. Every case ends the session with a logged reason;
 /// nothing of the offending frame is applied.

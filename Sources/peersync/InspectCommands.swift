@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import PeerSync
+@_spi(Engine) import PeerSyncCRDT
 import ShiftSchedulerModel
 
 /// The running node's status file, if a node is running on this store.

@@ -30,7 +30,7 @@ import Darwin
 #endif
 import Dispatch
 import Foundation
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncDiscovery
 
 struct Line: Encodable {

@@ -1,4 +1,4 @@
-@testable import PeerSyncCRDT
+@_spi(Engine) @testable import PeerSyncCRDT
 import PeerSyncTestSupport
 import Testing
 

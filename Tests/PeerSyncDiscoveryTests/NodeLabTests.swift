@@ -1,5 +1,5 @@
 import Foundation
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncTestSupport
 import Testing
 

@@ -1,6 +1,6 @@
 import Crypto
 import Foundation
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 @testable import PeerSyncIdentity
 import PeerSyncTestSupport
 import Testing

@@ -1,5 +1,5 @@
 import Foundation
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 @testable import PeerSyncIdentity
 import PeerSyncTestSupport
 import Testing

@@ -3,6 +3,7 @@ import Logging
 import NIOCore
 import NIOPosix
 import PeerSync
+@_spi(Engine) import PeerSyncCRDT
 @testable import PeerSyncReplication
 @testable import PeerSyncNetwork
 import PeerSyncTestSupport

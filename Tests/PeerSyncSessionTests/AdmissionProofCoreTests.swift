@@ -1,5 +1,6 @@
 import Foundation
 import PeerSync
+@_spi(Engine) import PeerSyncCRDT
 @testable import PeerSyncReplication
 @testable import PeerSyncNetwork
 import PeerSyncTestSupport

@@ -3,7 +3,7 @@ import NIOEmbedded
 import NIOTestUtils
 @testable import PeerSyncReplication
 @testable import PeerSyncNetwork
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncWire
 import Testing
 

@@ -1,6 +1,6 @@
 import Foundation
 import GRDB
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncModel
 import PeerSyncStore
 import PeerSyncTestSupport

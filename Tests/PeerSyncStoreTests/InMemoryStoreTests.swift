@@ -1,7 +1,7 @@
 import Foundation
 import ShiftSchedulerModel
 import GRDB
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncModel
 import PeerSyncStore
 import PeerSyncTestSupport

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// A law that failed, with the seed that reproduces it (`PEERSYNC_SEED=<seed>`, one case).
 public struct LawViolation: Error, CustomStringConvertible {

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// A context blob (docs/PROTOCOL.md §6.2) written byte by byte, so it can break every limit.
 public func rawContextBlob(replicas: Int, contiguous: UInt64, cloudPerReplica: Int, gap: UInt64 = 2) -> [UInt8] {

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// Replica IDs 0, 1, 2, … for tests (deterministic, ordered by index).
 public func testReplica(_ index: Int) -> ReplicaID {

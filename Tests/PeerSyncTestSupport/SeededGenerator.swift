@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 /// SplitMix64: a small, fast, seedable generator so every random test case can be replayed
 /// from the seed it prints.

@@ -1,5 +1,5 @@
 import Foundation
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 // The JSON forms of the test vectors (docs/vectors/README.md). Numbers that can exceed 2⁵³
 // are decimal strings; byte strings are lowercase hex.

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncWire
 
 // A structure-aware libFuzzer target (Scripts/fuzz.sh). Where peersync-wire-fuzz feeds random

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncWire
 
 // libFuzzer entry point for the frame, message and delta decoders. Build and run with

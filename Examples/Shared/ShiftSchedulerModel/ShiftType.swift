@@ -1,5 +1,5 @@
 import Foundation
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncModel
 
 /// A kind of shift in a schedule ("Early", "N" for night, …), possibly tied to a location.

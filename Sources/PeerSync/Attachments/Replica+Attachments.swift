@@ -1,6 +1,6 @@
 import Dispatch
 import Foundation
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncModel
 import PeerSyncStore
 

@@ -1,4 +1,4 @@
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncModel
 
 /// What the replication core reads of the local replica: its synced records, and through them
