@@ -4,7 +4,7 @@
 // transfer and the store's blobs use) and the records held, beside an empty replica's.
 // Built and run by Benchmarks/compare/run.sh (a throwaway package holding only PeerSyncCRDT).
 import Foundation
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 let n = CommandLine.arguments.count > 1 ? Int(CommandLine.arguments[1])! : 100_000
 let start = ContinuousClock.now
 let writers = (1...3).map { ReplicaID(high: 0xC0, low: UInt64($0)) }
