@@ -1,5 +1,5 @@
 import Foundation
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 import PeerSyncModel
 
 // W2 in memory, without the network (issue 30): a replica of 10,000 six-field records (one

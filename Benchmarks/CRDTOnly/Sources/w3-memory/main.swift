@@ -1,5 +1,5 @@
 import Foundation
-import PeerSyncCRDT
+@_spi(Engine) import PeerSyncCRDT
 
 // W3 in memory, RecordMap only: 3 replicas of 10,000 six-field records, partitioned; each makes
 // 200 deletes, 2,000 one-field updates, 200 inserts; then each joins what the other two have
