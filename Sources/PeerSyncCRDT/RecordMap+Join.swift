@@ -104,8 +104,9 @@ struct RecordJoin {
         }
         if recordChanged || visibilityBefore != visibilityAfter {
             outcome.changedRecords.insert(key)
+        } else if presenceChanged {
+            outcome.presenceOnlyChanges.insert(key)
         }
-        if recordChanged || presenceChanged { outcome.changedStates.insert(key) }
         held = current.isEmpty ? nil : current
     }
 
@@ -121,8 +122,7 @@ struct RecordJoin {
         for register in incoming.fields.values { outcome.maxTimestamp.merge(register.timestamp) }
         outcome.changedFieldCount += incoming.fields.count
         outcome.changedPresenceCount += incoming.presence.count
-        if !incoming.fields.isEmpty || incoming.isVisible { outcome.changedRecords.insert(key) }
-        outcome.changedStates.insert(key)
+        if !incoming.fields.isEmpty || incoming.isVisible { outcome.changedRecords.insert(key) } else { outcome.presenceOnlyChanges.insert(key) }
         if let slot { index?.addNew(incoming, id: key.id, slot: slot) }
     }
 }

@@ -18,7 +18,11 @@ package struct RecordMap: Sendable {
     /// Every dot this state has seen.
     public internal(set) var context: CausalContext
     /// The incrementally maintained digest, or nil for deltas and extracts that are built to be
-    /// shipped (their digest is computed only if someone asks).
+    /// shipped (their digest is computed only if someone asks). It leaves out the context's
+    /// version vector entries, which ``digest`` adds when it is read (O(replicas)): every local
+    /// write and every applied one-event delta moves one, and hashing the entry out and in
+    /// again was a fifth of applying a one-field delta (W2 in memory, issue 30), while the
+    /// digest is read only per session, digest round and status query.
     var maintainedDigest: StateDigest?
     /// Which records hold which dots (RecordMap+DotIndex.swift), kept with the digest: replica
     /// states have one, deltas built to be shipped do not.
@@ -32,9 +36,12 @@ package struct RecordMap: Sendable {
     /// purged it (compaction, ARCHITECTURE.md) is local bookkeeping that must not make two
     /// replicas holding the same events look different.
     ///
-    /// - Complexity: O(1) for replica states; O(size) for a delta built without one.
+    /// - Complexity: O(replicas of the context) for replica states; O(size) for a delta built
+    ///   without a maintained digest.
     public var digest: StateDigest {
-        maintainedDigest ?? RecordMap(records: allRecords, context: context, maintainingDigest: true).maintainedDigest!
+        var digest = maintainedDigest ?? RecordMap(records: allRecords, context: context, maintainingDigest: true).maintainedDigest!
+        for (replica, counter) in context.versionVector { digest.add(Self.contextEntryHash(replica, counter, inCloud: false)) }
+        return digest
     }
 
     public init() {
@@ -59,7 +66,7 @@ package struct RecordMap: Sendable {
             }
         }
         if maintainingDigest {
-            for replica in context.replicas { maintainedDigest!.add(Self.contextHash(context, replica)) }
+            for replica in context.replicas { maintainedDigest!.add(Self.cloudHash(context, replica)) }
             dotIndex = DotIndex.build(collections)
         }
     }
@@ -190,7 +197,6 @@ package struct RecordMap: Sendable {
         let incomingRecords = delta.recordCount
         if incomingRecords > Self.reserveOutcomeAbove {
             outcome.changedRecords.reserveCapacity(incomingRecords)
-            outcome.changedStates.reserveCapacity(incomingRecords)
         }
         // A compacted state never takes back a record it purged (RecordMap+Compaction); decided
         // against the state before this join, while the dot index is in place.
@@ -277,9 +283,9 @@ package struct RecordMap: Sendable {
             context = newContext
             return
         }
-        for replica in context.replicas { maintainedDigest!.remove(Self.contextHash(context, replica)) }
+        for replica in context.replicas { maintainedDigest!.remove(Self.cloudHash(context, replica)) }
         context = newContext
-        for replica in context.replicas { maintainedDigest!.add(Self.contextHash(context, replica)) }
+        for replica in context.replicas { maintainedDigest!.add(Self.cloudHash(context, replica)) }
     }
 }
 
@@ -321,7 +327,13 @@ package struct MergeOutcome: Sendable {
     /// Records whose state changed in any way: ``changedRecords`` and those where only presence
     /// entries moved (a delete observed again, a write of the same values). What a store
     /// rewrites; a record sent again unchanged (a duplicate from a second peer) is not here.
-    public internal(set) var changedStates: Set<RecordKey> = []
+    public var changedStates: Set<RecordKey> {
+        presenceOnlyChanges.isEmpty ? changedRecords : changedRecords.union(presenceOnlyChanges)
+    }
+    /// Records where only presence entries moved (most joins have none): kept apart so that a
+    /// join of a one-record delta fills one set, not two (two set allocations and two hashed
+    /// inserts were a sixth of W2's in-memory apply, issue 30).
+    var presenceOnlyChanges: Set<RecordKey> = []
     /// The newest field timestamp seen in the delta (for the receiver's clock).
     public internal(set) var maxTimestamp: HLCTimestamp = .zero
     /// Records of the delta not joined because they echo records this state purged
@@ -338,7 +350,7 @@ package struct MergeOutcome: Sendable {
         changedPresenceCount += other.changedPresenceCount
         conflicts += other.conflicts
         changedRecords.formUnion(other.changedRecords)
-        changedStates.formUnion(other.changedStates)
+        presenceOnlyChanges.formUnion(other.presenceOnlyChanges)
         maxTimestamp.merge(other.maxTimestamp)
         droppedEchoes.formUnion(other.droppedEchoes)
     }
