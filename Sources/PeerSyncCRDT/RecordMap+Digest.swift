@@ -2,7 +2,8 @@
 /// entry hashes to one ``StableHasher`` value, and the digest is their sum, kept current by the
 /// join in O(elements that change).
 extension RecordMap {
-    /// Joins `other` into the context and moves the digest's context elements with it.
+    /// Joins `other` into the context and moves the maintained digest's cloud elements with it
+    /// (vector entries are not maintained: ``digest`` adds them when read).
     mutating func mergeContext(_ other: CausalContext) {
         if other.isEmpty { return }
         guard maintainedDigest != nil else {
@@ -10,31 +11,14 @@ extension RecordMap {
             return
         }
         // One event that continues its writer's vector entry (a write or delete ships the
-        // context of its one dot): two lookups, not the six of the general merge below plus an
-        // array per delta — 1/5 of W2's in-memory apply of one-field deltas (issue 30).
-        if let dot = other.onlyDot, let before = context.extendVector(with: dot) {
-            if before > 0 { maintainedDigest!.remove(Self.contextEntryHash(dot.replica, before, inCloud: false)) }
-            maintainedDigest!.add(Self.contextEntryHash(dot.replica, dot.counter, inCloud: false))
-            return
-        }
+        // context of its one dot): two lookups, no hashing, no cloud walk.
+        if let dot = other.onlyDot, context.extendVector(with: dot) != nil { return }
         // O(what changes), not O(cloud): a delta accumulating one replica's writes keeps them
         // all in its cloud, and rehashing it per merge made building one quadratic.
-        // Vector entries change only for replicas `other` names, in its vector or its cloud (a
-        // cloud dot right after our entry extends it).
-        var vectorBefore = other.versionVector.keys.map { ($0, context.versionVector[$0]) }
-        for replica in other.dotCloud.keys where other.versionVector[replica] == nil {
-            vectorBefore.append((replica, context.versionVector[replica]))
-        }
         var digest = maintainedDigest!
         context.merge(other) { replica, counter, added in
             let element = Self.contextEntryHash(replica, counter, inCloud: true)
             if added { digest.add(element) } else { digest.remove(element) }
-        }
-        for (replica, before) in vectorBefore {
-            let after = context.versionVector[replica]
-            guard after != before else { continue }
-            if let before { digest.remove(Self.contextEntryHash(replica, before, inCloud: false)) }
-            if let after { digest.add(Self.contextEntryHash(replica, after, inCloud: false)) }
         }
         maintainedDigest = digest
     }
@@ -97,6 +81,15 @@ extension RecordMap {
     static func contextHash(_ context: CausalContext, _ replica: ReplicaID) -> (UInt64, UInt64) {
         var sum = StateDigest()
         context.forEachEntry(of: replica) { counter, inCloud in sum.add(contextEntryHash(replica, counter, inCloud: inCloud)) }
+        return (sum.high, sum.low)
+    }
+
+    /// One replica's cloud dots, as one element (the maintained digest's part of the context).
+    static func cloudHash(_ context: CausalContext, _ replica: ReplicaID) -> (UInt64, UInt64) {
+        var sum = StateDigest()
+        if let cloud = context.dotCloud[replica] {
+            for counter in cloud { sum.add(contextEntryHash(replica, counter, inCloud: true)) }
+        }
         return (sum.high, sum.low)
     }
 
