@@ -121,20 +121,31 @@ enum ConvergenceBenchmarks {
                 var curve: [(ops: Int, bytes: Int)] = [(0, 0)]
                 let step = max(1, updates / 10)
                 let start = ContinuousClock.now
-                for i in 0..<updates {
-                    let key = RecordKey(collection: ShiftType.collection, id: keys.randomElement(using: &rng)!)
-                    let version = Int64(1_000_000 + i)
-                    // Announced before the write: the node ships it from the store's commit feed,
-                    // and B may see it before `write` returns.
-                    tracker.expect(key, version: version)
-                    let delta = try a.store.write({ $0.upsert([durationField: .int(version)], to: key) })
-                    tracker.committed(key, version: version, at: ContinuousClock.now, wrote: delta != nil)
-                    if let delta { deltas.append(delta) }
-                    if (i + 1) % step == 0 {
-                        // Cumulative bytes once B has seen every update so far (a short pause in the stream).
-                        _ = await waitUntil(.seconds(10)) { tracker.pendingKeys.isEmpty }
-                        curve.append((i + 1, await totalTraffic([a, b]).bytes - before.bytes))
+                let writer = WriterThread()
+                for first in stride(from: 0, to: updates, by: step) {
+                    // A's commits block (each fsyncs): they run on a thread of their own, as an
+                    // app's blocking work must, not on the cooperative pool the nodes run on.
+                    let range = first..<min(first + step, updates)
+                    let (written, next) = try await writer.run { [rng, a] in
+                        var rng = rng
+                        var written: [RecordMap] = []
+                        for i in range {
+                            let key = RecordKey(collection: ShiftType.collection, id: keys.randomElement(using: &rng)!)
+                            let version = Int64(1_000_000 + i)
+                            // Announced before the write: the node ships it from the store's
+                            // commit feed, and B may see it before `write` returns.
+                            tracker.expect(key, version: version)
+                            let delta = try a.store.write({ $0.upsert([durationField: .int(version)], to: key) })
+                            tracker.committed(key, version: version, at: ContinuousClock.now, wrote: delta != nil)
+                            if let delta { written.append(delta) }
+                        }
+                        return (written, rng)
                     }
+                    deltas += written
+                    rng = next
+                    // Cumulative bytes once B has seen every update so far (a short pause in the stream).
+                    _ = await waitUntil(.seconds(10)) { tracker.pendingKeys.isEmpty }
+                    curve.append((range.upperBound, await totalTraffic([a, b]).bytes - before.bytes))
                 }
                 let converged = await waitUntil(.seconds(quick ? 20 : 120)) {
                     tracker.pendingKeys.isEmpty && allEqual([a, b])

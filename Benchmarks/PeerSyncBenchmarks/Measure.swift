@@ -251,3 +251,17 @@ final class BenchGroup: Sendable {
         return devices.identity(member)
     }
 }
+
+/// Runs blocking work (a stream of fsynced commits) on a thread of its own, off the cooperative
+/// pool, and waits for it without blocking the caller's thread.
+final class WriterThread: Sendable {
+    private let queue = DispatchQueue(label: "bench.writer")
+
+    func run<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { continuation in
+            queue.async {
+                do { continuation.resume(returning: try body()) } catch { continuation.resume(throwing: error) }
+            }
+        }
+    }
+}
