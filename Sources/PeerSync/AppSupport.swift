@@ -15,6 +15,8 @@ final class AppSupport: Sendable {
         var observationRounds = 0
     }
     private let state = Mutex(State())
+    /// The record versions handed to the app (stale copies are refused on save).
+    let reads = ReadLedger()
 
     // MARK: - Watching other processes
 

@@ -158,10 +158,12 @@ public struct RecordQuery<Record: SyncRecord>: Sendable {
     /// Evaluates the query over `state` from scratch.
     ///
     /// - Complexity: O(n log n) for n records of the type.
-    func evaluate(_ state: ReplicaState) throws -> [Record] {
+    /// `noting`: the replica's ledger of records handed to the app (see ``Replica/save(_:)``).
+    func evaluate(_ state: ReplicaState, noting reads: ReadLedger? = nil) throws -> [Record] {
         var result: [Record] = []
         for (id, raw) in state.records.records(in: Record.collection) where raw.isVisible {
             guard let record = try state.fetch(Record.self, id: id), predicate.matches(record, raw: raw, in: state) else { continue }
+            reads?.note(RecordKey(collection: Record.collection, id: id), raw)
             result.append(record)
         }
         result.sort(by: areInIncreasingOrder)

@@ -13,11 +13,13 @@ public final class ReplicaBatch {
     private var state: ReplicaState
     private var delta: RecordMap?
     private var isOpen = true
+    private let replica: Replica
     /// Number of writes that changed something.
     public private(set) var changeCount = 0
 
-    fileprivate init(state: ReplicaState) {
+    fileprivate init(state: ReplicaState, replica: Replica) {
         self.state = state
+        self.replica = replica
     }
 
     private func check() throws(ReplicaError) {
@@ -30,10 +32,32 @@ public final class ReplicaBatch {
         if delta == nil { delta = change } else { delta!.merge(change) }
     }
 
-    /// Saves `record` (creating or updating it; only changed fields are written).
+    /// Saves `record` (creating or updating it; only changed fields are written). Like
+    /// ``Replica/save(_:)``, refuses a copy read before another device changed a field it would
+    /// write (``ReplicaError/staleCopy(_:)``).
     public func save<Record: SyncRecord>(_ record: Record) throws(ReplicaError) {
         try check()
+        let replica = self.replica
+        try ReplicaError.wrapping(otherwise: ReplicaError.invalidRecord) {
+            let now = state
+            try Replica.refuseStaleCopy(record, in: now, ledger: replica.appSupport.reads, names: { replica.writerName(of: $0, in: now) })
+        }
         add(try ReplicaError.wrapping(otherwise: ReplicaError.invalidRecord) { try state.save(record) })
+    }
+
+    /// Writes the fields in which `record` differs from `original` (``Replica/save(_:editedFrom:)``).
+    public func save<Record: SyncRecord>(_ record: Record, editedFrom original: Record) throws(ReplicaError) {
+        try check()
+        add(try ReplicaError.wrapping(otherwise: ReplicaError.invalidRecord) { try state.save(record, editedFrom: original) })
+    }
+
+    /// Changes the record and writes exactly the fields `change` changed (``Replica/update(_:id:_:)``).
+    @discardableResult
+    public func update<Record: SyncRecord>(_ type: Record.Type, id: UUID, _ change: (inout Record) -> Void) throws(ReplicaError) -> Record {
+        try check()
+        let (record, delta) = try ReplicaError.wrapping(otherwise: ReplicaError.invalidRecord) { try state.update(type, id: id, change) }
+        add(delta)
+        return record
     }
 
     /// Deletes the record of `type` with `id`. Returns false if there was no such record.
@@ -70,10 +94,10 @@ public final class ReplicaBatch {
     }
 
     /// Moves the state in, runs `body`, and moves the state back out (without copying it).
-    fileprivate static func run<T>(_ state: inout ReplicaState, _ body: (ReplicaBatch) throws -> T) throws -> (T, RecordMap?) {
+    fileprivate static func run<T>(_ state: inout ReplicaState, replica: Replica, _ body: (ReplicaBatch) throws -> T) throws -> (T, RecordMap?) {
         var taken = ReplicaState(replicaID: state.replicaID, name: state.name)
         swap(&taken, &state)
-        let batch = ReplicaBatch(state: taken)
+        let batch = ReplicaBatch(state: taken, replica: replica)
         defer {
             batch.isOpen = false
             swap(&batch.state, &state)
@@ -104,7 +128,7 @@ extension Replica {
     public nonisolated(nonsending) func batch<T>(_ body: (ReplicaBatch) throws -> T) async throws -> T {
         var result: T?
         let delta = try store.write { state in
-            let (value, delta) = try ReplicaBatch.run(&state, body)
+            let (value, delta) = try ReplicaBatch.run(&state, replica: self, body)
             result = value
             return delta
         }

@@ -1,5 +1,6 @@
 import Foundation
 @_spi(Engine) import PeerSyncCRDT
+import PeerSyncIdentity
 import PeerSyncModel
 import PeerSyncStore
 
@@ -21,6 +22,16 @@ public struct ReplicaConflict: Identifiable, Hashable, Sendable {
 
         /// The write's wall-clock time (the timestamp's physical part).
         public var writtenAt: Date { Date(hybridTimestamp: timestamp) }
+
+        /// The value as the record type's property holds it: for a conflict on `Shift.note`,
+        /// `try conflict.loser.value(as: String.self)` (dates, enums, references and nested
+        /// `Codable` values decode as they do in a record). Throws
+        /// ``ReplicaError/invalidRecord(_:)`` if the value is not of that type.
+        public func value<T: Decodable>(as type: T.Type) throws(ReplicaError) -> T {
+            try ReplicaError.wrapping(otherwise: ReplicaError.invalidRecord) {
+                try FieldDecoder().decode(T.self, from: value)
+            }
+        }
     }
 
     /// Stable and unique in this replica's store; pass it to ``Replica/resolveConflict(_:)``.
@@ -59,7 +70,23 @@ extension Replica {
     /// (docs/ARCHITECTURE.md, "Conflicts").
     public nonisolated func conflicts(includingResolved: Bool = true) throws(ReplicaError) -> [ReplicaConflict] {
         appSupport.learnNames(from: self)
-        return try ReplicaError.wrapping { try store.storedConflicts(unresolvedOnly: !includingResolved).map(conflict) }
+        return try ReplicaError.wrapping {
+            let stored = try store.storedConflicts(unresolvedOnly: !includingResolved)
+            let roster = self.roster()
+            // Each writer's name is resolved once and kept with the entry (relaunches, a writer
+            // removed or renamed later: the conflict says who wrote it then).
+            var naming: [(id: Int64, winner: String?, loser: String?)] = []
+            let conflicts = stored.map { entry -> ReplicaConflict in
+                let winner = entry.winnerName ?? writerName(of: entry.entry.winner.dot.replica, roster: roster)
+                let loser = entry.loserName ?? writerName(of: entry.entry.loser.dot.replica, roster: roster)
+                if (entry.winnerName == nil && winner != nil) || (entry.loserName == nil && loser != nil) {
+                    naming.append((entry.id, winner, loser))
+                }
+                return conflict(entry, winnerName: winner, loserName: loser)
+            }
+            try? store.nameConflicts(naming)  // a read-only store still shows the names
+            return conflicts
+        }
     }
 
     /// Conflicts not yet marked resolved, now and whenever the list changes (a new conflict, one
@@ -84,19 +111,33 @@ extension Replica {
         store.commits.publishConflictsChanged()  // observed conflict lists show the name
     }
 
-    /// The name of replica `id` as far as this replica knows it.
+    /// The name of replica `id` as far as this replica knows it: this device's own name, the
+    /// name the group's roster gives the device that claims `id` (it survives relaunches, and
+    /// follows renames), or a name learned from a peer or ``setPeerName(_:for:)``.
     public nonisolated func peerName(of id: ReplicaID) -> String? {
-        id == replicaID ? state.name : appSupport.name(of: id)
+        writerName(of: id)
     }
 
-    private nonisolated func conflict(_ stored: StoredConflict) -> ReplicaConflict {
-        let entry = stored.entry
-        func write(_ register: FieldRegister) -> ReplicaConflict.Write {
-            ReplicaConflict.Write(value: register.value, writer: register.dot.replica,
-                                  writerName: peerName(of: register.dot.replica), timestamp: register.timestamp)
+    /// ``peerName(of:)`` with the roster already evaluated (a list of conflicts evaluates it
+    /// once), or from `state` (inside a transaction, where reading the store's state again
+    /// would wait on the transaction's own lock).
+    nonisolated func writerName(of id: ReplicaID, roster: Roster? = nil, in state: ReplicaState? = nil) -> String? {
+        let state = state ?? self.state
+        if id == state.replicaID { return state.name }
+        let roster = roster ?? state.roster(of: groupID)
+        if let device = roster.claimant(of: id) ?? roster.claimsOfRemovedDevices[id], let name = roster.devices[device]?.name {
+            return name
         }
-        return ReplicaConflict(id: stored.id, record: entry.key, field: entry.field, winner: write(entry.winner),
-                               loser: write(entry.loser), detectedAt: Date(hybridTimestamp: entry.detectedAt),
+        return appSupport.name(of: id)
+    }
+
+    private nonisolated func conflict(_ stored: StoredConflict, winnerName: String?, loserName: String?) -> ReplicaConflict {
+        let entry = stored.entry
+        func write(_ register: FieldRegister, _ name: String?) -> ReplicaConflict.Write {
+            ReplicaConflict.Write(value: register.value, writer: register.dot.replica, writerName: name, timestamp: register.timestamp)
+        }
+        return ReplicaConflict(id: stored.id, record: entry.key, field: entry.field, winner: write(entry.winner, winnerName),
+                               loser: write(entry.loser, loserName), detectedAt: Date(hybridTimestamp: entry.detectedAt),
                                isResolved: stored.isResolved)
     }
 }

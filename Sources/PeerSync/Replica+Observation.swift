@@ -10,7 +10,7 @@ extension Replica {
     /// - Complexity: O(n log n) for n records of the type (a live query does this once, then
     ///   works per change).
     public nonisolated func fetchAll<Record: SyncRecord>(_ query: RecordQuery<Record>) throws(ReplicaError) -> [Record] {
-        try ReplicaError.wrapping(otherwise: ReplicaError.invalidRecord) { try query.evaluate(state) }
+        try ReplicaError.wrapping(otherwise: ReplicaError.invalidRecord) { try query.evaluate(state, noting: appSupport.reads) }
     }
 
     /// The records of `type` that `predicate` keeps, ordered by ID:

@@ -115,12 +115,17 @@ public actor Replica {
 
     /// The record of type `R` with this ID, or nil if there is none (or it was deleted).
     public nonisolated func fetch<R: SyncRecord>(_ type: R.Type, id: UUID) throws(ReplicaError) -> R? {
-        try ReplicaError.wrapping(otherwise: ReplicaError.invalidRecord) { try store.state.fetch(type, id: id) }
+        let state = store.state
+        let record = try ReplicaError.wrapping(otherwise: ReplicaError.invalidRecord) { try state.fetch(type, id: id) }
+        if record != nil, let raw = state.records.record(RecordKey(collection: R.collection, id: id)) {
+            appSupport.reads.note(RecordKey(collection: R.collection, id: id), raw)
+        }
+        return record
     }
 
     /// Every record of type `R`.
     public nonisolated func fetchAll<R: SyncRecord>(_ type: R.Type) throws(ReplicaError) -> [R] {
-        try ReplicaError.wrapping(otherwise: ReplicaError.invalidRecord) { try store.state.fetchAll(type) }
+        try fetchAll(RecordQuery(type))
     }
 
     /// The setting `key` in `scope`, or nil if it is not set.
@@ -130,11 +135,70 @@ public actor Replica {
 
     // MARK: - Writing
 
-    /// Saves `record` (creating or updating it; only changed fields are written). Returns once
-    /// committed to disk; peers receive it at once if sync is on (every commit reaches them
-    /// the same way: the replicator follows the store's commit feed).
+    /// Saves `record`, creating it or writing the fields in which it differs from the record as
+    /// stored now. Returns once committed to disk; peers receive it at once if sync is on
+    /// (every commit reaches them the same way: the replicator follows the store's commit feed).
+    ///
+    /// A copy read before another device changed the record is refused, not saved: if a field
+    /// the copy would write holds a value this replica handed out earlier (a fetch, a query, a
+    /// live result) and another device has changed it since, saving would put the old value
+    /// back on every device. Then nothing is written and it throws ``ReplicaError/staleCopy(_:)``.
+    /// An edit sheet that holds a record while others may change it saves what the user
+    /// changed instead:
+    ///
+    /// ```swift
+    /// try await replica.save(edited, editedFrom: original)          // the fields the user changed
+    /// try await replica.update(Shift.self, id: shift.id) { $0.assignee = "Ben" }
+    /// ```
     public func save<R: SyncRecord>(_ record: R) async throws(ReplicaError) {
-        try await ReplicaError.wrapping { try await commit { try $0.save(record) } }
+        let ledger = appSupport.reads
+        try await ReplicaError.wrapping {
+            try await commit { state in
+                let now = state
+                try Self.refuseStaleCopy(record, in: now, ledger: ledger, names: { self.writerName(of: $0, in: now) })
+                return try state.save(record)
+            }
+        }
+    }
+
+    /// Writes the fields in which `record` differs from `original`, the copy it was edited from,
+    /// and only those: a field someone else changed meanwhile keeps their value unless the user
+    /// changed it too (then the later write wins, as for any concurrent edit). Throws
+    /// ``ReplicaError/recordNotFound(_:)`` if the record was deleted since (nothing is revived).
+    public func save<R: SyncRecord>(_ record: R, editedFrom original: R) async throws(ReplicaError) {
+        try await ReplicaError.wrapping { try await commit { try $0.save(record, editedFrom: original) } }
+    }
+
+    /// Changes the record of `type` with `id` as it is now and writes exactly the fields `change`
+    /// changed: `replica.update(Shift.self, id: id) { $0.assignee = "Ben" }`. Returns the record
+    /// as saved. Throws ``ReplicaError/recordNotFound(_:)`` if there is no such record.
+    @discardableResult
+    public func update<R: SyncRecord>(_ type: R.Type, id: UUID, _ change: (inout R) -> Void) async throws(ReplicaError) -> R {
+        var updated: R?
+        try await ReplicaError.wrapping {
+            try await commit { state in
+                let (record, delta) = try state.update(type, id: id, change)
+                updated = record
+                return delta
+            }
+        }
+        return updated!
+    }
+
+    /// Throws ``ReplicaError/staleCopy(_:)`` if saving `record` would write, into a field another
+    /// device changed since, a value this replica handed out before that change.
+    static func refuseStaleCopy<R: SyncRecord>(_ record: R, in state: ReplicaState, ledger: ReadLedger,
+                                               names: (ReplicaID) -> String?) throws {
+        guard let writing = try state.fieldsSaveWouldWrite(record) else { return }
+        let stale = ledger.staleFields(of: record.recordKey, writing: writing, current: state.records.record(record.recordKey),
+                                       local: state.replicaID)
+        guard !stale.isEmpty else { return }
+        let changes = stale.map { "\($0.field) (changed by \(names($0.writer) ?? "another device"))" }
+        throw ReplicaError.staleCopy("""
+            \(record.recordKey): this copy was read before \(changes.joined(separator: ", ")); saving it would put the old \
+            value\(stale.count == 1 ? "" : "s") back, so nothing was saved. Write the fields you changed with \
+            update(\(R.self).self, id:) or save(_:editedFrom:), or read the record again
+            """)
     }
 
     /// Deletes a record. Returns false if there was no such record.

@@ -1,5 +1,6 @@
 @_spi(Engine) import PeerSyncCRDT
 import PeerSyncIdentity
+import PeerSyncModel
 import PeerSyncStore
 
 /// What can go wrong in a ``Replica`` call: its throwing methods, opening, creating and joining
@@ -30,11 +31,19 @@ public enum ReplicaError: Error, Sendable, Equatable, CustomStringConvertible {
     /// A ``ReplicaBatch`` was used after the closure it was given to returned. Nothing was
     /// written.
     case batchClosed
+    /// The record asked for is not there (never saved here, or deleted): ``Replica/update(_:id:_:)``
+    /// and ``Replica/save(_:editedFrom:)`` change records that exist. Nothing was written.
+    case recordNotFound(String)
+    /// ``Replica/save(_:)`` was given a copy read before another device changed some of the
+    /// fields it would write: saving it would put their old values back. Nothing was written.
+    /// The text names the record, the fields and who changed them; write the fields the app
+    /// changed with ``Replica/update(_:id:_:)`` or ``Replica/save(_:editedFrom:)``.
+    case staleCopy(String)
 
     public var description: String {
         switch self {
         case .storage(let detail), .deviceKey(let detail), .invalidRecord(let detail), .attachment(let detail),
-             .network(let detail): detail
+             .network(let detail), .recordNotFound(let detail), .staleCopy(let detail): detail
         case .deviceAdministration(let error): error.description
         case .batchClosed: "a batch was used after its closure returned; make every write inside the closure given to batch { … }"
         }
@@ -49,6 +58,8 @@ public enum ReplicaError: Error, Sendable, Equatable, CustomStringConvertible {
         case let error as DeviceKeyError: self = .deviceKey(error.description)
         case let error as AttachmentError: self = .attachment(error.description)
         case let error as RosterEntryError: self = .deviceAdministration(.invalidEntry(error.description))
+        case let error as RecordNotFoundError: self = .recordNotFound(error.description)
+        case let error as RecordEditError: self = .invalidRecord(error.description)
         case is LimitViolationError, is CounterExhaustedError, is FieldValueDecodingError, is DecodingError, is EncodingError:
             self = .invalidRecord("\(error)")
         default: self = otherwise("\(error)")

@@ -161,6 +161,8 @@ struct QueryReducer<Record: SyncRecord>: ObservationReducer {
     private var targetsByRecord: [UUID: [RecordKey]] = [:]
     /// Whether each referenced target was visible when last looked at.
     private var targetVisible: [RecordKey: Bool] = [:]
+    /// The replica's ledger of records handed out (set at load).
+    private var reads: ReadLedger?
 
     init(query: RecordQuery<Record>) {
         self.query = query
@@ -178,6 +180,7 @@ struct QueryReducer<Record: SyncRecord>: ObservationReducer {
         targetsByRecord = [:]
         targetVisible = [:]
         var unsorted: [Record] = []
+        reads = replica.appSupport.reads
         for (id, raw) in state.records.records(in: Record.collection) {
             index(id, raw, state)
             guard let member = try member(id, raw, state) else { continue }
@@ -220,6 +223,7 @@ struct QueryReducer<Record: SyncRecord>: ObservationReducer {
     private func member(_ id: UUID, _ raw: RecordState, _ state: ReplicaState) throws -> Member? {
         guard raw.isVisible, let record = try state.fetch(Record.self, id: id),
               query.predicate.matches(record, raw: raw, in: state) else { return nil }
+        reads?.note(RecordKey(collection: Record.collection, id: id), raw)
         return Member(record: record, fields: try FieldEncoder().encodeFields(record))
     }
 
@@ -298,6 +302,8 @@ struct RecordReducer<Record: SyncRecord>: ObservationReducer {
     mutating func load(_ state: ReplicaState, replica: Replica) throws -> Record? {
         let record = try state.fetch(Record.self, id: id)
         fields = try record.map { try FieldEncoder().encodeFields($0) }
+        let key = RecordKey(collection: Record.collection, id: id)
+        if record != nil, let raw = state.records.record(key) { replica.appSupport.reads.note(key, raw) }
         return record
     }
 

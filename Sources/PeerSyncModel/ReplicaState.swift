@@ -86,7 +86,7 @@ package struct ReplicaState: Sendable {
     }
 
     /// ``write(_:to:)`` that throws ``CounterExhaustedError`` instead of recording it.
-    private mutating func checkedWrite(_ fields: [String: FieldValue], to key: RecordKey) throws(CounterExhaustedError) -> RecordMap {
+    mutating func checkedWrite(_ fields: [String: FieldValue], to key: RecordKey) throws(CounterExhaustedError) -> RecordMap {
         guard records.context.canTakeDot(for: replicaID) else { throw CounterExhaustedError(replica: replicaID) }
         return try records.write(fields, to: key, at: clock.tick(), by: replicaID)
     }
@@ -190,7 +190,7 @@ package struct ReplicaState: Sendable {
     /// The fields whose values differ from the stored ones (all of them if the record is not
     /// visible); nil if none do. A field in `references` whose stored target is missing or
     /// deleted reads as `.null` (``fetch(_:id:)``), so `.null` for it is no change either.
-    private func changedFields(_ fields: [String: FieldValue], of key: RecordKey,
+    func changedFields(_ fields: [String: FieldValue], of key: RecordKey,
                                references: [RecordReference]) -> [String: FieldValue]? {
         guard let existing = records.record(key), existing.isVisible else { return fields }
         let changed = fields.filter { name, value in

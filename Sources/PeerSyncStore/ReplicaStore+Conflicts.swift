@@ -12,6 +12,9 @@ package struct StoredConflict: Hashable, Sendable {
     public let entry: ConflictEntry
     /// Whether an app marked it resolved (``ReplicaStore/markConflict(_:resolved:)``).
     public let isResolved: Bool
+    /// The writers' names as first resolved (``ReplicaStore/nameConflicts(_:)``), if they were.
+    public let winnerName: String?
+    public let loserName: String?
 }
 
 extension ReplicaStore {
@@ -26,9 +29,29 @@ extension ReplicaStore {
                     """, arguments: [limit])
                 return try rows.reversed().map { row in
                     let entry = try ConflictRow(row: row).entry()
-                    return StoredConflict(id: row["seq"], entry: entry, isResolved: row["resolved"])
+                    return StoredConflict(id: row["seq"], entry: entry, isResolved: row["resolved"],
+                                          winnerName: row["winnerName"], loserName: row["loserName"])
                 }
             }
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+
+    /// Stores the writers' names of conflicts that had none (a name already stored is kept:
+    /// the name the writer had when the conflict was first shown). Local, like the log; no
+    /// notice (the names were shown already).
+    public func nameConflicts(_ names: [(id: Int64, winner: String?, loser: String?)]) throws(StoreError) {
+        guard !names.isEmpty else { return }
+        do {
+            try pool.write { db in
+                for (id, winner, loser) in names {
+                    try db.execute(sql: """
+                        UPDATE conflict SET winnerName = coalesce(winnerName, ?), loserName = coalesce(loserName, ?) WHERE seq = ?
+                        """, arguments: [winner, loser, id])
+                }
+            }
+            try flushToDisk()
         } catch {
             throw StoreError.wrap(error, path: path)
         }

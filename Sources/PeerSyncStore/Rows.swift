@@ -57,6 +57,9 @@ struct ConflictRow: Codable, FetchableRecord, MutablePersistableRecord {
     var field: String
     var registers: Data
     var detectedAt: Int64
+    /// The writers' names, filled in when the replica first resolves them (v7).
+    var winnerName: String?
+    var loserName: String?
 
     init(_ entry: ConflictEntry) {
         collection = entry.key.collection

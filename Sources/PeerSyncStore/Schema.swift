@@ -7,7 +7,8 @@ import GRDB
 /// replica       one row: identity, name, clock floor, causal context (blob)
 /// record        one row per record: (collection, id) → visible flag + RecordState blob
 /// localSetting  device-local settings, never synced
-/// conflict      the conflict log (bounded); `resolved` marks entries an app settled (v2)
+/// conflict      the conflict log (bounded); `resolved` marks entries an app settled (v4); the
+///               writers' names as first resolved (v7)
 /// journal       every committed change as a delta blob, for other processes and `peersync log`
 /// incarnation   every replica ID this store has written with, and why it changed
 /// seen          compaction gossip: each replica's newest *signed* report (v5; signed since v6)
@@ -122,6 +123,15 @@ enum Schema {
             try db.create(table: "lostFuture", options: .withoutRowID) { t in
                 t.column("replicaID", .blob).primaryKey()
                 t.column("time", .integer).notNull()
+            }
+        }
+        // The names of a conflict's two writers, as the replica resolved them (its roster's
+        // device names) the first time an app read the entry: they survive relaunches, the
+        // writer's removal and a later rename (issue 31).
+        migrator.registerMigration("2026-11-29 v7: conflict writer names") { db in
+            try db.alter(table: ConflictRow.databaseTableName) { t in
+                t.add(column: "winnerName", .text)
+                t.add(column: "loserName", .text)
             }
         }
         return migrator
