@@ -90,6 +90,22 @@ final class AppSupport: Sendable {
         return collector
     }
 
+    /// Ends the background work (the replica is closing): watching other processes, learning
+    /// names, the attachment collector.
+    func stop() {
+        let (watch, learner, attachments) = state.withLock { s in
+            defer {
+                s.watchTask = nil
+                s.nameLearner = nil
+                s.attachments = nil
+            }
+            return (s.watchTask, s.nameLearner, s.attachments)
+        }
+        watch?.cancel()
+        learner?.cancel()
+        attachments?.stop()
+    }
+
     deinit {
         state.withLock { s in
             s.watchTask?.cancel()

@@ -111,7 +111,7 @@ struct CompactionMembers: Equatable {
 /// (bounded work: the store is scanned only when the stable context grew), and on demand.
 final class CompactionScheduler: Sendable {
     private let queue = DispatchQueue(label: "peersync.compaction")
-    private let state = Mutex<(scheduled: Bool, again: Bool)>((false, false))
+    private let state = Mutex<(scheduled: Bool, again: Bool, stopped: Bool)>((false, false, false))
     /// The stable context the store was last compacted with in this process.
     let compactedWith = Mutex<CausalContext?>(nil)
 
@@ -119,6 +119,7 @@ final class CompactionScheduler: Sendable {
     /// step runs it once more after.
     func trigger(after delay: Duration, _ step: @escaping @Sendable () -> Void) {
         let start = state.withLock { s -> Bool in
+            if s.stopped { return false }
             if s.scheduled {
                 s.again = true
                 return false
@@ -130,7 +131,7 @@ final class CompactionScheduler: Sendable {
         let nanoseconds = max(0, delay.wholeMilliseconds) * 1_000_000
         queue.asyncAfter(deadline: .now() + .nanoseconds(Int(clamping: nanoseconds))) { [self] in
             while true {
-                state.withLock { $0.again = false }
+                if state.withLock({ s in s.again = false; return s.stopped }) { return }
                 step()
                 let more = state.withLock { s -> Bool in
                     if s.again { return true }
@@ -139,6 +140,17 @@ final class CompactionScheduler: Sendable {
                 }
                 if !more { return }
             }
+        }
+    }
+
+    /// No step starts after this; returns once the step in progress, if any, has ended.
+    func stop() async {
+        state.withLock { s in
+            s.stopped = true
+            s.again = false
+        }
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            queue.async { continuation.resume() }
         }
     }
 

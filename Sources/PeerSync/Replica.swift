@@ -42,6 +42,8 @@ public actor Replica {
     /// This device's removal as sync learned it; while set, the sync status says so (Replica+Devices.swift).
     var removalNoted: RemovalNotice?
     var configuration: SyncConfiguration?
+    /// ``close()`` ran.
+    var isClosed = false
     /// Convergence repairs and refused sessions of the current sync run (Replica+Health.swift).
     var repairs = 0
     var refusedSessions = 0

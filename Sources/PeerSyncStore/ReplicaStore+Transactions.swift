@@ -45,6 +45,7 @@ extension ReplicaStore {
     /// A write transaction (BEGIN IMMEDIATE). Storage errors come out as ``StoreError``; errors
     /// `body` throws itself come out unchanged.
     func run<T>(_ body: (Database) throws -> T) throws -> T {
+        if isClosed { throw StoreError.closed(path: path) }
         do {
             return try pool.writeWithoutTransaction { db in
                 var result: T?

@@ -85,6 +85,9 @@ package final class ReplicaStore: Sendable {
         /// Compaction gossip and frontier (ReplicaStore+Compaction.swift).
         var compaction = CompactionRecord()
     }
+    /// ``close()`` ran: writes throw ``StoreError/closed(path:)``. Apart from `inner`: writes
+    /// check it while they hold `inner`.
+    private let closed = Atomic<Bool>(false)
 
     // MARK: - Opening
 
@@ -225,6 +228,24 @@ package final class ReplicaStore: Sendable {
     deinit {
         if removesFilesDirectory { try? FileManager.default.removeItem(atPath: filesDirectory) }
     }
+
+    /// Closes the store's database connections after the background checkpoint in progress, if
+    /// any: the files are released (another `ReplicaStore` may open them, the app may move or
+    /// delete them). The state in memory stays readable; every write afterwards throws
+    /// ``StoreError/closed(path:)``. Calling it again does nothing.
+    public func close() throws(StoreError) {
+        guard closed.compareExchange(expected: false, desired: true, ordering: .sequentiallyConsistent).exchanged else { return }
+        checkpointer.waitForBackgroundPass()
+        do {
+            try pool.close()
+            try observer?.close()
+        } catch {
+            throw StoreError.wrap(error, path: path)
+        }
+    }
+
+    /// Whether ``close()`` ran.
+    public var isClosed: Bool { closed.load(ordering: .sequentiallyConsistent) }
 
     // MARK: - Reading
 

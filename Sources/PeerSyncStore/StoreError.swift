@@ -23,6 +23,8 @@ package enum StoreError: Error, Equatable, CustomStringConvertible {
     /// A change broke a bound of ``ValidationLimits`` (e.g. a remote delta whose join would
     /// take the replica's context past 10,000 replicas); nothing was written.
     case refused(path: String, detail: String)
+    /// The store was closed (``ReplicaStore/close()``); nothing was written.
+    case closed(path: String)
 
     public var description: String {
         switch self {
@@ -48,6 +50,8 @@ package enum StoreError: Error, Equatable, CustomStringConvertible {
             "input/output error on \(path): \(detail)"
         case .refused(let path, let detail):
             "refused a change to \(path): \(detail); nothing was written"
+        case .closed(let path):
+            "\(path) was closed; open the replica again to change it (nothing was written)"
         }
     }
 
