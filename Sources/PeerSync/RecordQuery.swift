@@ -101,6 +101,21 @@ public struct RecordQuery<Record: SyncRecord>: Sendable {
     /// Which records the query keeps.
     public var predicate: RecordPredicate<Record>
     private var comparators: [@Sendable (Record, Record) -> ComparisonResult] = []
+    /// A window of time relative to now that a date of each record must fall in (``during(_:at:)``).
+    private(set) var window: TimeWindow?
+
+    /// A window relative to now: `interval(now)` is its extent (start included, end not);
+    /// `date` reads the record's date.
+    struct TimeWindow: Sendable {
+        let interval: @Sendable (Date) -> DateInterval
+        let date: @Sendable (Record) -> Date
+
+        func contains(_ record: Record, now: Date) -> Bool {
+            let extent = interval(now)
+            let date = date(record)
+            return date >= extent.start && date < extent.end
+        }
+    }
 
     /// All records of `Record` that `predicate` keeps, ordered by ID.
     public init(_ type: Record.Type = Record.self, where predicate: RecordPredicate<Record> = .all) {
@@ -136,6 +151,30 @@ public struct RecordQuery<Record: SyncRecord>: Sendable {
         return query
     }
 
+    /// This query, keeping only records whose date at `date` falls in `window(now)` — start
+    /// included, end not — a window relative to the current time that moves as time passes:
+    ///
+    /// ```swift
+    /// let thisWeek = RecordQuery(Shift.self, sortedBy: [KeyPathComparator(\.start)])
+    ///     .during({ now in Calendar.current.dateInterval(of: .weekOfYear, for: now)! }, at: \.start)
+    /// for try await shifts in replica.observe(thisWeek) { … }    // moves on to next week by itself
+    /// ```
+    ///
+    /// A live query evaluates the window when it starts and again each time now reaches the
+    /// window's end, so windows with fixed boundaries (today, this week, this month, "from today
+    /// to the end of next week") move exactly when they should. A fetch evaluates it once.
+    public func during(_ window: @escaping @Sendable (_ now: Date) -> DateInterval,
+                       at date: KeyPath<Record, Date> & Sendable) -> RecordQuery {
+        var query = self
+        query.window = TimeWindow(interval: window, date: { $0[keyPath: date] })
+        return query
+    }
+
+    /// Whether the query keeps `record` (read from `raw` in `state`) at `now`.
+    func keeps(_ record: Record, raw: RecordState, in state: ReplicaState, now: Date) -> Bool {
+        predicate.matches(record, raw: raw, in: state) && (window?.contains(record, now: now) ?? true)
+    }
+
     /// This query, keeping only what `predicate` also keeps.
     public func filter(_ predicate: RecordPredicate<Record>) -> RecordQuery {
         var query = self
@@ -159,10 +198,10 @@ public struct RecordQuery<Record: SyncRecord>: Sendable {
     ///
     /// - Complexity: O(n log n) for n records of the type.
     /// `noting`: the replica's ledger of records handed to the app (see ``Replica/save(_:)``).
-    func evaluate(_ state: ReplicaState, noting reads: ReadLedger? = nil) throws -> [Record] {
+    func evaluate(_ state: ReplicaState, noting reads: ReadLedger? = nil, now: Date = Date()) throws -> [Record] {
         var result: [Record] = []
         for (id, raw) in state.records.records(in: Record.collection) where raw.isVisible {
-            guard let record = try state.fetch(Record.self, id: id), predicate.matches(record, raw: raw, in: state) else { continue }
+            guard let record = try state.fetch(Record.self, id: id), keeps(record, raw: raw, in: state, now: now) else { continue }
             reads?.note(RecordKey(collection: Record.collection, id: id), raw)
             result.append(record)
         }

@@ -53,6 +53,16 @@ extension Replica {
         ReplicaObservation(replica: self) { QueryReducer(query: query) }
     }
 
+    /// ``observe(_:)`` with the time its window (``RecordQuery/during(_:at:)``) follows given
+    /// by `clock`, starting at `start`: for tests that move a "this week" query past midnight
+    /// by advancing a clock of their own.
+    public nonisolated func observe<Record: SyncRecord, C: Clock>(
+        _ query: RecordQuery<Record>, clock: C, startingAt start: Date
+    ) -> ReplicaObservation<[Record]> where C.Duration == Duration {
+        let time = ObservationTime.following(clock, startingAt: start)
+        return ReplicaObservation(replica: self) { QueryReducer(query: query, time: time) }
+    }
+
     /// The records of `type` that `predicate` keeps (all of them by default), ordered by ID,
     /// now and after every change that alters them.
     public nonisolated func observe<Record: SyncRecord>(

@@ -8,7 +8,10 @@ import PeerSyncStore
 /// the same store.
 ///
 /// - **Coalesced**: changes that arrive while the consumer is busy produce one element, the
-///   latest value. An element is never equal to the one before it.
+///   latest value. An element is never equal to the one before it, with one exception: a
+///   change to a record that a kept record references through ``SyncRecord/references`` (a
+///   shift type renamed) produces the result again, so rows that show the referenced record
+///   refresh.
 /// - **Consistent and in order**: each element is the value in one committed state of the
 ///   replica, and states only move forward (never half a batch, never an older state after a
 ///   newer one).
@@ -70,6 +73,46 @@ protocol ObservationReducer: Sendable {
     /// The value after `changes`, read from `state` (which holds at least them), or nil if
     /// it is the same as the last one returned.
     mutating func update(_ changes: PendingChanges, _ state: ReplicaState, replica: Replica) throws -> Value?
+    /// The time the value depends on, if it does (a query with a window relative to now).
+    var time: ObservationTime? { get }
+    /// When the value must be looked at again although nothing changed (by ``time``), if ever.
+    var deadline: Date? { get }
+    /// The value now that ``deadline`` has passed, or nil if it is the same.
+    mutating func timePassed(_ state: ReplicaState, replica: Replica) throws -> Value?
+}
+
+extension ObservationReducer {
+    var time: ObservationTime? { nil }
+    var deadline: Date? { nil }
+    mutating func timePassed(_ state: ReplicaState, replica: Replica) throws -> Value? { nil }
+}
+
+/// The time a live query's window follows: what time it is, and waiting until a moment.
+struct ObservationTime: Sendable {
+    let now: @Sendable () -> Date
+    /// Returns at `date` or later (by ``now``); throws when the task is cancelled.
+    let sleep: @Sendable (_ until: Date) async throws -> Void
+
+    /// The system's wall clock (checked again after each wait: it may be set meanwhile).
+    static let system = ObservationTime(now: { Date() }, sleep: { date in
+        while true {
+            let remaining = date.timeIntervalSinceNow
+            if remaining <= 0 { return }
+            try await Task.sleep(for: .seconds(min(remaining, 3_600)))
+        }
+    })
+
+    /// Time as `clock` measures it from now on, starting at `start` (tests inject a clock they
+    /// advance by hand).
+    static func following<C: Clock>(_ clock: C, startingAt start: Date) -> ObservationTime where C.Duration == Duration {
+        let origin = clock.now
+        return ObservationTime(
+            now: {
+                let elapsed = origin.duration(to: clock.now)
+                return start.addingTimeInterval(Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+            },
+            sleep: { date in try await clock.sleep(until: origin.advanced(by: .seconds(date.timeIntervalSince(start))), tolerance: nil) })
+    }
 }
 
 class ObservationDriverBase<Element: Sendable> {
@@ -119,15 +162,32 @@ final class ObservationDriver<Reducer: ObservationReducer>: ObservationDriverBas
             return value
         }
         guard let subscription else { return nil }
-        while await subscription.waitForChanges() {
+        while true {
+            // A value that depends on the time is looked at again when its deadline comes.
+            let timer = reducer.deadline.flatMap { deadline in
+                reducer.time.map { time in
+                    Task {
+                        do { try await time.sleep(deadline) } catch { return }
+                        subscription.poke()
+                    }
+                }
+            }
+            let woke = await subscription.waitForChanges()
+            timer?.cancel()
+            guard woke else { break }
             // Snapshot first, then drain: everything drained at or below the snapshot's
             // sequence is in it; anything newer is looked at again next round.
             let (state, sequence) = replica.store.consistentSnapshot()
             let pending = subscription.drain()
-            if pending.isEmpty { continue }
-            let value = try reducer.update(pending, state, replica: replica)
-            if pending.newestSequence > sequence { subscription.requeue(pending) }
-            replica.appSupport.countObservationRound()
+            var value: Reducer.Value?
+            if !pending.isEmpty {
+                value = try reducer.update(pending, state, replica: replica)
+                if pending.newestSequence > sequence { subscription.requeue(pending) }
+                replica.appSupport.countObservationRound()
+            }
+            if value == nil, let deadline = reducer.deadline, let time = reducer.time, time.now() >= deadline {
+                value = try reducer.timePassed(state, replica: replica)
+            }
             if let value { return value }
         }
         finish()
@@ -154,6 +214,10 @@ struct QueryReducer<Record: SyncRecord>: ObservationReducer {
     }
 
     let query: RecordQuery<Record>
+    let time: ObservationTime?
+    /// The query's window of time as last evaluated, and the moment it was evaluated at.
+    private var window: DateInterval?
+    private var evaluatedAt = Date()
     private var members: [UUID: Member] = [:]
     private var sorted: [Record] = []
     /// Target record → records of `Record` whose declared reference fields hold its ID.
@@ -164,8 +228,18 @@ struct QueryReducer<Record: SyncRecord>: ObservationReducer {
     /// The replica's ledger of records handed out (set at load).
     private var reads: ReadLedger?
 
-    init(query: RecordQuery<Record>) {
+    init(query: RecordQuery<Record>, time: ObservationTime = .system) {
         self.query = query
+        self.time = query.window == nil ? nil : time
+    }
+
+    var deadline: Date? { window?.end }
+
+    mutating func timePassed(_ state: ReplicaState, replica: Replica) throws -> [Record]? {
+        let before = sorted.map { ($0.id, members[$0.id]!.fields) }
+        _ = try load(state, replica: replica)
+        let after = sorted.map { ($0.id, members[$0.id]!.fields) }
+        return before.elementsEqual(after, by: { $0.0 == $1.0 && $0.1 == $1.1 }) ? nil : sorted
     }
 
     var interest: CommitInterest {
@@ -181,6 +255,10 @@ struct QueryReducer<Record: SyncRecord>: ObservationReducer {
         targetVisible = [:]
         var unsorted: [Record] = []
         reads = replica.appSupport.reads
+        if let time {
+            evaluatedAt = time.now()
+            window = query.window?.interval(evaluatedAt)
+        }
         for (id, raw) in state.records.records(in: Record.collection) {
             index(id, raw, state)
             guard let member = try member(id, raw, state) else { continue }
@@ -199,6 +277,9 @@ struct QueryReducer<Record: SyncRecord>: ObservationReducer {
             return before.elementsEqual(after, by: { $0.0 == $1.0 && $0.1 == $1.1 }) ? nil : sorted
         }
         var affected: Set<UUID> = []
+        // A record a kept record references changed (a shift type renamed): the rows that show
+        // it must refresh, so the result comes again even if no kept record changed.
+        var referencedChanged = false
         for key in changes.keys {
             if key.collection == Record.collection { affected.insert(key.id) }
             if let ids = referrers[key] {
@@ -206,10 +287,12 @@ struct QueryReducer<Record: SyncRecord>: ObservationReducer {
                 if targetVisible[key] != visible {
                     targetVisible[key] = visible
                     affected.formUnion(ids)
+                } else if visible, ids.contains(where: { members[$0] != nil }) {
+                    referencedChanged = true
                 }
             }
         }
-        var changed = false
+        var changed = referencedChanged
         for id in affected {
             let raw = state.records.record(RecordKey(collection: Record.collection, id: id))
             if let raw { index(id, raw, state) } else { unindex(id) }
@@ -222,7 +305,7 @@ struct QueryReducer<Record: SyncRecord>: ObservationReducer {
     /// The member for record `id` if it is visible and the predicate keeps it.
     private func member(_ id: UUID, _ raw: RecordState, _ state: ReplicaState) throws -> Member? {
         guard raw.isVisible, let record = try state.fetch(Record.self, id: id),
-              query.predicate.matches(record, raw: raw, in: state) else { return nil }
+              query.keeps(record, raw: raw, in: state, now: evaluatedAt) else { return nil }
         reads?.note(RecordKey(collection: Record.collection, id: id), raw)
         return Member(record: record, fields: try FieldEncoder().encodeFields(record))
     }
@@ -316,6 +399,8 @@ struct RecordReducer<Record: SyncRecord>: ObservationReducer {
                 referencedID(raw?.fields[reference.field]?.value).map { RecordKey(collection: reference.collection, id: $0) }
             }
             guard targets.contains(where: changes.keys.contains) else { return nil }
+            // A record it references changed: what shows it must refresh.
+            return .some(try load(state, replica: replica))
         }
         let before = fields
         let record = try load(state, replica: replica)

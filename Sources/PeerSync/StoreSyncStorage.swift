@@ -95,6 +95,7 @@ package struct StoreSyncStorage: SyncStorage {
 
     package func writeAttachmentPartial(_ hash: AttachmentHash, offset: Int64, bytes: [UInt8]) throws {
         try attachments.writePartial(hash, offset: offset, bytes: bytes)
+        store.commits.publishAttachmentsChanged()  // progress for observers of availability
     }
 
     package func verifyAttachmentPartial(_ hash: AttachmentHash) throws -> Bool {
@@ -103,10 +104,12 @@ package struct StoreSyncStorage: SyncStorage {
 
     package func promoteAttachmentPartial(_ hash: AttachmentHash) throws {
         try attachments.promotePartial(hash)
+        store.commits.publishAttachmentsChanged()
     }
 
     package func discardAttachmentPartial(_ hash: AttachmentHash) {
         attachments.discardPartial(hash)
+        store.commits.publishAttachmentsChanged()
     }
 }
 

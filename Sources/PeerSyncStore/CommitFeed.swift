@@ -25,6 +25,8 @@ package struct CommitNotice: Sendable {
     public let outgoing: [RecordMap]
     /// Another process rewrote more than its journal keeps: sync must offer peers everything.
     public let resync: Bool
+    /// Attachment bytes arrived, were completed, added or deleted (no state change).
+    public var attachmentsChanged = false
 }
 
 /// Which changes a ``CommitSubscription`` wants to hear about.
@@ -39,16 +41,19 @@ package struct CommitInterest: Sendable {
     public var origins: Bool
     /// Keep the deltas to ship, joined (``PendingChanges/outgoing``): the replicator's interest.
     public var outgoing: Bool
+    /// Wake up when attachment bytes arrive, complete, are added or deleted.
+    public var attachments: Bool
 
     /// An interest in `collections` (nil: all) and, optionally, local settings, conflicts,
-    /// keys by origin and the deltas to ship.
+    /// keys by origin, the deltas to ship and attachment files.
     public init(collections: Set<String>?, localSettings: Bool = false, conflicts: Bool = false,
-                origins: Bool = false, outgoing: Bool = false) {
+                origins: Bool = false, outgoing: Bool = false, attachments: Bool = false) {
         self.collections = collections
         self.localSettings = localSettings
         self.conflicts = conflicts
         self.origins = origins
         self.outgoing = outgoing
+        self.attachments = attachments
     }
 
     func wants(_ key: RecordKey) -> Bool { collections?.contains(key.collection) ?? true }
@@ -70,6 +75,8 @@ package struct PendingChanges: Sendable {
     public var localSettingsChanged = false
     /// The conflict log changed.
     public var conflictsChanged = false
+    /// With ``CommitInterest/attachments``: attachment files changed.
+    public var attachmentsChanged = false
     /// Sequence number of the newest commit included; 0 if none.
     public var newestSequence: UInt64 = 0
     /// With ``CommitInterest/origins``: changed keys of interest by origin.
@@ -88,7 +95,7 @@ package struct PendingChanges: Sendable {
 
     /// Whether nothing of interest changed.
     public var isEmpty: Bool {
-        keys.isEmpty && !reload && !localSettingsChanged && !conflictsChanged && outgoing == nil && !resync
+        keys.isEmpty && !reload && !localSettingsChanged && !conflictsChanged && !attachmentsChanged && outgoing == nil && !resync
     }
 
     mutating func absorb(_ notice: CommitNotice, _ interest: CommitInterest) {
@@ -96,6 +103,7 @@ package struct PendingChanges: Sendable {
         if notice.reload { reload = true }
         if interest.localSettings && notice.localSettingsChanged { localSettingsChanged = true }
         if interest.conflicts && notice.conflictsChanged { conflictsChanged = true }
+        if interest.attachments && notice.attachmentsChanged { attachmentsChanged = true }
         if interest.outgoing {
             for delta in notice.outgoing {
                 if outgoing == nil { outgoing = delta } else { outgoing!.merge(delta) }
@@ -133,6 +141,7 @@ package struct PendingChanges: Sendable {
         reload = reload || other.reload
         localSettingsChanged = localSettingsChanged || other.localSettingsChanged
         conflictsChanged = conflictsChanged || other.conflictsChanged
+        attachmentsChanged = attachmentsChanged || other.attachmentsChanged
         if reload { keys = [] } else { keys.formUnion(other.keys) }
     }
 }
@@ -246,6 +255,18 @@ package final class CommitFeed: Sendable {
         for subscriber in subscribers { subscriber.enqueue(notice) }
     }
 
+    /// Tells subscribers interested in attachments that attachment files changed (bytes arrived
+    /// or completed, a file added or deleted). Not a state change: the sequence does not move.
+    public func publishAttachmentsChanged() {
+        let (notice, subscribers) = state.withLock { s in
+            let notice = CommitNotice(sequence: s.sequence, keys: [], reload: false, localSettingsChanged: false,
+                                      conflictsChanged: false, origins: [:], reloadOrigin: nil, outgoing: [], resync: false,
+                                      attachmentsChanged: true)
+            return (notice, s.subscribers.values.compactMap(\.subscription).filter(\.interest.attachments))
+        }
+        for subscriber in subscribers { subscriber.enqueue(notice) }
+    }
+
     /// Tells subscribers that the conflict log changed outside a state change (an entry was
     /// marked resolved).
     public func publishConflictsChanged() {
@@ -272,6 +293,8 @@ package final class CommitSubscription: Sendable {
         var merged = PendingChanges()
         var waiter: CheckedContinuation<Void, Never>?
         var cancelled = false
+        /// ``poke()`` ran since the last wait returned.
+        var poked = false
     }
     /// Queued notices beyond this are filtered into one set at once, so a consumer that lags
     /// behind a stream of commits holds O(changed keys) memory, not O(commits).
@@ -317,6 +340,7 @@ package final class CommitSubscription: Sendable {
     private func isIrrelevant(_ notice: CommitNotice) -> Bool {
         guard let collections = interest.collections, !notice.reload, notice.keys.count <= 32,
               !(interest.outgoing && (!notice.outgoing.isEmpty || notice.resync)),
+              !(interest.attachments && notice.attachmentsChanged),
               !(interest.localSettings && notice.localSettingsChanged),
               !(interest.conflicts && notice.conflictsChanged) else { return false }
         return !notice.keys.contains { collections.contains($0.collection) }
@@ -345,13 +369,16 @@ package final class CommitSubscription: Sendable {
     public func waitForChanges() async -> Bool {
         while true {
             if Task.isCancelled { return false }
-            let (cancelled, ready) = state.withLock { ($0.cancelled, !$0.queue.isEmpty || !$0.merged.isEmpty) }
+            let (cancelled, ready) = state.withLock { s in
+                defer { s.poked = false }
+                return (s.cancelled, !s.queue.isEmpty || !s.merged.isEmpty || s.poked)
+            }
             if cancelled { return false }
             if ready { return true }
             await withTaskCancellationHandler {
                 await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
                     let resumeNow = state.withLock { s -> Bool in
-                        if s.cancelled || !s.queue.isEmpty || !s.merged.isEmpty || Task.isCancelled { return true }
+                        if s.cancelled || !s.queue.isEmpty || !s.merged.isEmpty || s.poked || Task.isCancelled { return true }
                         s.waiter = continuation
                         return false
                     }
@@ -361,6 +388,13 @@ package final class CommitSubscription: Sendable {
                 self.wake()
             }
         }
+    }
+
+    /// Makes ``waitForChanges()`` return (now, or at its next call) even if nothing is queued:
+    /// a live query whose window of time moved.
+    public func poke() {
+        state.withLock { $0.poked = true }
+        wake()
     }
 
     private func wake() {

@@ -54,7 +54,9 @@ struct ModelTests {
         let conflict = try #require(await MainActor.run { model.conflicts.first })
         #expect(conflict.field == "title")
         // The later write wins (usually Ben's; within one millisecond the clocks decide).
-        let names: [FieldValue: String] = ["Early (Anna)": "Anna's iPad", "Early (Ben)": "Ben's Mac"]
+        // Names: this device's own, and the other device's as the group's roster has it.
+        let bensDevice = try #require(device.replica.roster().devices[other.replica.deviceID]?.name)
+        let names: [FieldValue: String] = ["Early (Anna)": "Anna's iPad", "Early (Ben)": bensDevice]
         #expect(Set([conflict.winner.value, conflict.loser.value]) == Set(names.keys))
         #expect(conflict.winner.writerName == names[conflict.winner.value])
         #expect(conflict.loser.writerName == names[conflict.loser.value])

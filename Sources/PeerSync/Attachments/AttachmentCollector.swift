@@ -165,6 +165,7 @@ final class AttachmentCollector: Sendable {
             }
             if removed {
                 logger.debug("deleted an attachment no live record references", metadata: ["attachment.hash": "\(hash.hex)"])
+                store.commits.publishAttachmentsChanged()
             }
         }
     }
@@ -203,6 +204,7 @@ final class AttachmentCollector: Sendable {
         for leftover in files.leftoverTemporaryFiles() where isOlder(leftover.modified, than: grace) {
             try? FileManager.default.removeItem(atPath: leftover.path)
         }
+        if !deleted.isEmpty { store.commits.publishAttachmentsChanged() }
         return deleted
     }
 }

@@ -71,7 +71,20 @@ extension Replica {
         let files = collector.files
         let attachment = try await onFileQueue { try add(files) }
         collector.added(attachment.contentHash)
+        store.commits.publishAttachmentsChanged()
         return attachment
+    }
+
+    /// Whether the bytes of `attachment` are here, arriving (with progress) or not here yet,
+    /// now and whenever that changes — for a placeholder that turns into the photo by itself:
+    ///
+    /// ```swift
+    /// for try await availability in replica.observeAvailability(of: photo) {
+    ///     if case .available(let url) = availability { show(url) }
+    /// }
+    /// ```
+    public nonisolated func observeAvailability(of attachment: Attachment) -> ReplicaObservation<AttachmentAvailability> {
+        ReplicaObservation(replica: self) { AvailabilityReducer(attachment: attachment) }
     }
 
     /// The bytes of `attachment`, or nil if they have not arrived on this device yet.
@@ -162,5 +175,30 @@ private func onFileQueue<T: Sendable>(_ body: @escaping @Sendable () throws -> T
         DispatchQueue.global(qos: .utility).async {
             continuation.resume(with: Result { try body() })
         }
+    }
+}
+
+/// One attachment's availability, read again whenever attachment files change.
+struct AvailabilityReducer: ObservationReducer {
+    let attachment: Attachment
+    private var value: AttachmentAvailability?
+
+    init(attachment: Attachment) {
+        self.attachment = attachment
+    }
+
+    var interest: CommitInterest { CommitInterest(collections: [], attachments: true) }
+
+    mutating func load(_ state: ReplicaState, replica: Replica) throws -> AttachmentAvailability {
+        let now = replica.attachmentAvailability(for: attachment)
+        value = now
+        return now
+    }
+
+    mutating func update(_ changes: PendingChanges, _ state: ReplicaState, replica: Replica) throws -> AttachmentAvailability? {
+        let now = replica.attachmentAvailability(for: attachment)
+        if now == value { return nil }
+        value = now
+        return now
     }
 }
