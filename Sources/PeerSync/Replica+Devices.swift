@@ -91,14 +91,31 @@ extension Replica {
         return genesisID!
     }
 
-    /// Creates a replica at `directory` that joins a group with an invite code: a device key and
-    /// the signed enrol entry it presents to its inviter at the first session. Sync (TCP or an
-    /// app's transport) completes the join; until then this device trusts only the inviter.
-    /// PeerSync logs to `logger` (debug and trace; warnings only for what the app must act on); by
-    /// default it logs nothing.
-    public static func join(at directory: String, name: String, invite: InviteCode,
+    /// Joins the group of an invite code: at a new `directory`, a replica with a device key and
+    /// the signed enrol entry it presents to its inviter at the first session; at a `directory`
+    /// that holds a replica already (a device used alone first, then shared), the same, bringing
+    /// its records into the team if `keepingData` (the default) or starting from the team's data
+    /// if not. Sync (TCP or an app's transport) completes the join; until then this device trusts
+    /// only the inviter. Close an open replica of `directory` first.
+    ///
+    /// ```swift
+    /// await replica.close()
+    /// let shared = try Replica.join(at: path, name: "Anna's iPad", invite: try InviteCode(parsing: text))
+    /// ```
+    ///
+    /// The records are written again by this device in the new group, as they read now (same
+    /// IDs, so references and attachments hold); the old group's roster, conflict log and synced
+    /// settings stay behind (the team's settings win). PeerSync logs to `logger` (debug and
+    /// trace; warnings only for what the app must act on); by default it logs nothing.
+    public static func join(at directory: String, name: String, invite: InviteCode, keepingData: Bool = true,
                             logger: Logger = Logger(label: "peersync", factory: { _ in SwiftLogNoOpLogHandler() })) throws(ReplicaError) -> Replica {
-        try ReplicaError.wrapping { try joinGroup(at: directory, name: name, invite: invite, logger: logger) }
+        try ReplicaError.wrapping {
+            try finishInterruptedRehome(directory)
+            if FileManager.default.fileExists(atPath: ReplicaStore.path(in: directory)) {
+                return try rehome(directory, name: name, to: .team(invite), keepingData: keepingData, logger: logger)
+            }
+            return try joinGroup(at: directory, name: name, invite: invite, logger: logger)
+        }
     }
 
     /// Writes this device's signed enrol entry for `invite` and records the pending join it

@@ -67,6 +67,7 @@ public actor Replica {
     }
 
     private static func openOrCreate(at directory: String, name: String?, logger: Logger) throws -> Replica {
+        try finishInterruptedRehome(directory)
         guard FileManager.default.fileExists(atPath: ReplicaStore.path(in: directory)) else {
             return try create(at: directory, name: name ?? ProcessInfo.processInfo.hostName, logger: logger)
         }

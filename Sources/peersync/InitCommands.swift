@@ -46,6 +46,63 @@ struct Init: AsyncParsableCommand {
     }
 }
 
+struct Join: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Join another group with an invite code, bringing this store's records into it (or, with --fresh, starting from the group's data).",
+        discussion: """
+            For a device used alone first: its records are written again by this device in the new \
+            group, as they read now (same IDs), and reach the group at the first `peersync run` that \
+            meets a member. The old group's roster, conflict log and synced settings stay behind; \
+            device-local settings and attachment files stay. Stop `peersync run` on this store first. \
+            Without a store here, it is `peersync init --join CODE`.
+            """)
+
+    @OptionGroup var options: StoreOptions
+    @Argument(help: "The invite code (from `peersync invite` on an admin of the group to join).") var code: String
+    @Flag(help: "Leave this store's records behind and start from the group's data.") var fresh = false
+    @Option(help: "A name people will recognise (default: this replica's name, or the host name).") var name: String?
+
+    func run() async throws {
+        let invite: InviteCode
+        do { invite = try InviteCode(parsing: code) } catch { throw CLIError("\(error)") }
+        var name = self.name
+        let existing = FileManager.default.fileExists(atPath: options.directory)
+        if name == nil, existing, let current = try? Replica.open(at: options.directory) {
+            name = current.state.name
+            await current.close()
+        }
+        let replica = try Replica.join(at: options.directory, name: name ?? ProcessInfo.processInfo.hostName, invite: invite,
+                                       keepingData: !fresh)
+        let records = replica.state.records.allRecords.filter { $0.1.isVisible && !$0.0.collection.hasPrefix("_") }.count
+        print("joining the group of the invite as \(replica.deviceID.shortForm) (\(replica.state.name)), with \(records) record\(records == 1 ? "" : "s") of this store")
+        print("run `peersync run` (with --peer INVITER-HOST:PORT where multicast is blocked) to complete it")
+        await replica.close()
+    }
+}
+
+struct Leave: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Leave this store's group and keep its records, in a new group of which this device is the only admin.",
+        discussion: """
+            The old group still lists this device until one of its admins removes it \
+            (`peersync devices remove`); what this device synced there stays with that group. \
+            Stop `peersync run` on this store first.
+            """)
+
+    @OptionGroup var options: StoreOptions
+    @Option(help: "The new group's name (default: \"NAME's group\").") var groupName: String?
+
+    func run() async throws {
+        guard FileManager.default.fileExists(atPath: options.directory) else {
+            throw CLIError("no replica at \(options.directory) (create one with `peersync init`, or pass --store)")
+        }
+        let replica = try Replica.leaveGroup(at: options.directory, groupName: groupName)
+        let records = replica.state.records.allRecords.filter { $0.1.isVisible && !$0.0.collection.hasPrefix("_") }.count
+        print("left the group; \(records) record\(records == 1 ? "" : "s") kept in the new group \"\(replica.roster().groupName ?? "")\", of which this device is the admin")
+        await replica.close()
+    }
+}
+
 struct Invite: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Print a code that lets one new device join the group once, before it expires (admins only).")
