@@ -80,7 +80,8 @@ struct CompactionMembers: Equatable {
             if !(claims[owner]?.contains(replica) ?? false) { claims[owner, default: []].append(replica) }
         }
         var unclaimed: UInt64 = 0
-        for device in roster.devices.values.sorted(by: { $0.id < $1.id }) {
+        // A recovery key is no device: it never syncs, so it has nothing to report.
+        for device in roster.devices.values.sorted(by: { $0.id < $1.id }) where device.role != .recovery {
             let own = claims[device.id] ?? []
             if let removal = device.removal {
                 var cutoff = CausalContext(versionVector: removal.dataCutoff)

@@ -25,6 +25,10 @@ public enum DeviceAdministrationError: Error, Sendable, Equatable, CustomStringC
     case invalidEntry(String)
     /// The invite cannot be revoked: it is unknown here, used, revoked or expired already.
     case inviteNotOpen(String)
+    /// Demoting or removing this device would leave the group without an admin device.
+    case lastAdmin(String)
+    /// The text is not a recovery code (the reason says what is wrong with it).
+    case invalidRecoveryCode(String)
 
     public var description: String {
         switch self {
@@ -36,6 +40,8 @@ public enum DeviceAdministrationError: Error, Sendable, Equatable, CustomStringC
         case .noLegacyEnrolment: "this group has no open legacy enrolment (it was not upgraded from a shared secret, or it is closed already)"
         case .invalidEntry(let detail): "invalid roster entry: \(detail)"
         case .inviteNotOpen(let reason): "nothing to revoke: \(reason)"
+        case .lastAdmin(let id): "\(id) is the group's only admin device; make another device an admin first"
+        case .invalidRecoveryCode(let reason): reason
         }
     }
 }
@@ -352,6 +358,34 @@ extension Replica {
                 try RosterEntry.make(roster.removal(of: device, seen: state.context), context: context, signer: deviceKey)
             }
         }
+    }
+
+    /// Makes `device` an admin, or a member again (admins only). An admin's phone is the one
+    /// most likely to be lost: a group with a second admin (or a recovery code,
+    /// ``makeRecoveryCode()``) can still add and remove devices then. Demoting the last admin is
+    /// refused (``DeviceAdministrationError/lastAdmin(_:)``).
+    public func setRole(_ device: DeviceID, to role: DeviceRole) async throws(ReplicaError) {
+        try await ReplicaError.wrapping {
+            let roster = self.roster()
+            guard let entry = roster.devices[device] else { throw DeviceAdministrationError.unknownDevice(device.shortForm) }
+            guard entry.isActive else { throw DeviceAdministrationError.alreadyRemoved(device.shortForm) }
+            guard entry.role != role else { return }
+            if entry.role == .admin, roster.deviceAdmins.count == 1 { throw DeviceAdministrationError.lastAdmin(device.shortForm) }
+            try await writeRosterEntry(adminOnly: true) { _, context, _ in
+                try RosterEntry.make(.add(device: entry.publicKey, name: entry.name, role: role), context: context, signer: deviceKey)
+            }
+        }
+    }
+
+    /// One line to show when the group depends on a single admin device (nil otherwise): if that
+    /// device is lost, nobody can add or remove devices. Also in ``SyncHealth/warnings`` and
+    /// `peersync status`.
+    public nonisolated var adminWarning: String? {
+        let roster = self.roster()
+        let admins = roster.deviceAdmins
+        guard admins.count == 1, let admin = admins.first else { return nil }
+        let recovery = roster.recoveryKeys.isEmpty ? "" : " (a recovery code can still enrol a new admin device)"
+        return "\(admin.name) is the only admin device of this group\(recovery): if it is lost, nobody can add or remove devices; make a second device an admin (setRole / `peersync devices promote`)"
     }
 
     /// Renames a device (this one, or any as an admin).

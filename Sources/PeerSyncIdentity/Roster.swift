@@ -267,9 +267,17 @@ public struct Roster: Sendable {
         return d.role
     }
 
-    /// Active devices, sorted by name then ID.
+    /// Active admin devices (recovery keys left out), sorted by name then ID.
+    public var deviceAdmins: [Device] { activeDevices.filter { $0.role == .admin } }
+
+    /// Active recovery keys (``DeviceRole/recovery``): not devices, so not in ``activeDevices``.
+    public var recoveryKeys: [Device] {
+        devices.values.filter { $0.isActive && $0.role == .recovery }.sorted { ($0.name, $0.id) < ($1.name, $1.id) }
+    }
+
+    /// Active devices, sorted by name then ID (recovery keys are not devices: ``recoveryKeys``).
     public var activeDevices: [Device] {
-        devices.values.filter(\.isActive).sorted { ($0.name, $0.id) < ($1.name, $1.id) }
+        devices.values.filter { $0.isActive && $0.role != .recovery }.sorted { ($0.name, $0.id) < ($1.name, $1.id) }
     }
 
     /// Whether `device` was removed or banned (it can never join again).

@@ -37,10 +37,11 @@ struct Evaluation {
         return devices[device] == nil ? "\(device.shortForm) is not a member" : nil
     }
 
-    /// Why `device` is not an active admin, or nil if it is.
+    /// Why `device` is not an active admin (or recovery key: it signs with an admin's rights),
+    /// or nil if it is.
     private func notAdmin(_ device: DeviceID) -> String? {
         if let reason = notActive(device) { return reason }
-        return devices[device]!.role == .admin ? nil : "\(device.shortForm) is not an admin"
+        return devices[device]!.role == .member ? "\(device.shortForm) is not an admin" : nil
     }
 
     /// Why a new device with `key` may not join, or nil.

@@ -117,11 +117,16 @@ public enum DeviceRole: UInt8, Hashable, Sendable, CustomStringConvertible {
     case member = 0
     /// Also adds, removes and renames devices, makes and revokes invites, closes legacy enrolment.
     case admin = 1
+    /// A recovery key, not a device: the public half of a recovery code kept offline. It signs
+    /// roster entries with an admin's rights (a new device recovering a group whose admin
+    /// devices are lost), never holds a session, and does not count as an admin device.
+    case recovery = 2
 
     public var description: String {
         switch self {
         case .member: "member"
         case .admin: "admin"
+        case .recovery: "recovery key"
         }
     }
 }

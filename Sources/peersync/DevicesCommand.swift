@@ -5,8 +5,8 @@ import PeerSync
 /// `peersync devices`: the roster — who is in the group, added by whom, removed.
 struct Devices: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "The devices of the group: list, remove (admins), rename.",
-        subcommands: [List.self, Remove.self, Rename.self, CloseLegacy.self], defaultSubcommand: List.self)
+        abstract: "The devices of the group: list, remove, promote and demote (admins), rename.",
+        subcommands: [List.self, Remove.self, Promote.self, Demote.self, Rename.self, CloseLegacy.self], defaultSubcommand: List.self)
 
     struct Entry: Codable {
         var deviceID: String
@@ -74,6 +74,24 @@ struct Devices: AsyncParsableCommand {
         }
     }
 
+    struct Promote: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Make a device an admin (admins only): a second admin keeps the group administrable if one phone is lost.")
+        @OptionGroup var options: StoreOptions
+        @Argument(help: "The device ID (or a unique prefix) from `peersync devices`.") var device: String
+
+        func run() async throws { try await setRole(options, device, .admin) }
+    }
+
+    struct Demote: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Make an admin a member again (admins only; never the last admin device).")
+        @OptionGroup var options: StoreOptions
+        @Argument(help: "The device ID (or a unique prefix) from `peersync devices`.") var device: String
+
+        func run() async throws { try await setRole(options, device, .member) }
+    }
+
     struct Rename: AsyncParsableCommand {
         static let configuration = CommandConfiguration(abstract: "Rename a device (this one, or any as an admin).")
         @OptionGroup var options: StoreOptions
@@ -120,4 +138,47 @@ func lastSeen(_ options: StoreOptions) -> [DeviceID: Date] {
         if let text = peer.deviceID, let id = try? DeviceID(parsing: text) { seen[id] = node.updatedAt }
     }
     return seen
+}
+
+/// Promotes or demotes a device; errors as one line.
+private func setRole(_ options: StoreOptions, _ device: String, _ role: DeviceRole) async throws {
+    let replica = try options.openReplica()
+    do {
+        let target = try replica.device(matching: device)
+        try await replica.setRole(target.id, to: role)
+        print("\(target.name) (\(target.id.shortForm)) is \(role == .admin ? "an admin" : "a member") now; a running node shares it with the group within seconds")
+        if let warning = replica.adminWarning { print("note: \(warning)") }
+    } catch {
+        throw CLIError("\(error)")
+    }
+}
+
+/// `peersync recovery new`: a new recovery code (the old one stops working).
+struct Recovery: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Recovery codes: what enrols a new admin device when every admin device is lost.",
+        subcommands: [New.self])
+
+    struct New: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Print a new recovery code (admins only); earlier codes stop working. Keep it offline: it makes its holder an admin.")
+        @OptionGroup var options: StoreOptions
+
+        func run() async throws {
+            let replica = try options.openReplica()
+            do {
+                let code = try await replica.makeRecoveryCode()
+                printRecoveryCode(code)
+            } catch {
+                throw CLIError("\(error)")
+            }
+        }
+    }
+}
+
+/// Prints a recovery code with what to do with it.
+func printRecoveryCode(_ code: String) {
+    print("recovery code (shown once; earlier codes no longer work):")
+    print("  \(code)")
+    print("keep it offline (print it, or a password manager): if every admin device is lost, `peersync init --recover CODE` on a new device makes it an admin")
 }

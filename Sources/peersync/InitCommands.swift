@@ -16,12 +16,20 @@ struct Init: AsyncParsableCommand {
     @Option(help: "A name people will recognise (default: the host name).") var name: String?
     @Option(help: "Join the group of this invite code (from `peersync invite` on an admin).") var join: String?
     @Option(help: "The new group's name (default: \"NAME's group\").") var groupName: String?
+    @Option(help: "Enrol this new device as an admin of a group whose admin devices are lost, with its recovery code (PSR-…).")
+    var recover: String?
 
     func run() async throws {
         let name = self.name ?? ProcessInfo.processInfo.hostName
         // Check everything before writing anything.
         let replica: Replica
-        if let join {
+        if let recover {
+            guard join == nil else { throw CLIError("--recover and --join exclude each other") }
+            replica = try Replica.recover(at: options.directory, name: name, recoveryCode: recover)
+            print("created replica \(replica.replicaID) (\(name)) in \(options.directory)")
+            print("device \(replica.deviceID)")
+            print("recovering the group as an admin: run `peersync run` (with --peer HOST:PORT of any device of the group where multicast is blocked); then make a new recovery code with `peersync recovery new`")
+        } else if let join {
             switch Result(catching: { try InviteCode(parsing: join) }) {
             case .success(let code):
                 replica = try Replica.join(at: options.directory, name: name, invite: code)
@@ -42,6 +50,7 @@ struct Init: AsyncParsableCommand {
             print("created replica \(replica.replicaID) (\(name)) in \(options.directory)")
             print("device \(replica.deviceID)")
             print("new sync group; this device is its admin. Invite other machines with: peersync invite")
+            printRecoveryCode(try await replica.makeRecoveryCode())
         }
     }
 }

@@ -35,6 +35,8 @@ struct Status: AsyncParsableCommand {
         var localSettings: Int
         var conflicts: Int
         var compaction: CompactionOutput
+        /// One line when the group depends on a single admin device (nil otherwise).
+        var adminWarning: String?
         var node: NodeStatusFile?
     }
 
@@ -53,11 +55,12 @@ struct Status: AsyncParsableCommand {
             digest: state.digest.description, records: try store.visibleCounts().filter { $0.key != RecordKey.syncedSettings.collection && !$0.key.hasPrefix("_") },
             syncedSettings: state.settings(scope: .synced).count, localSettings: state.settings(scope: .local).count,
             conflicts: state.conflicts.entries.count, compaction: CompactionOutput(replica.compactionStatus()),
-            node: node)
+            adminWarning: replica.adminWarning, node: node)
         if json { return try printJSON(output) }
         print("replica   \(output.replicaID) (\(output.name))")
         print("device    \(output.deviceID) — \(output.role)")
         if let removal = output.removal { print("removed   \(removal)") }
+        if let warning = output.adminWarning { print("WARNING   \(warning)") }
         print("store     \(output.store)")
         print("digest    \(output.digest)")
         print("records   " + (output.records.isEmpty ? "none" : output.records.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", ")))

@@ -673,7 +673,7 @@ struct VectorBuilder {
         let secret = GroupSecret(bytes: (0x00..<0x14).map { UInt8($0 * 13 & 0xff) })
         return [
             "kind": "invite-codes",
-            "description": "PS2 invite codes (group ID 16 ‖ inviter device ID 20 ‖ token 16, Crockford base32, check character = the 52 bytes mod 37) and the old PS1 group secrets (20 bytes) of protocol 1.",
+            "description": "PS2 invite codes (group ID 16 ‖ inviter device ID 20 ‖ token 16, Crockford base32, check character = the 52 bytes mod 37), PSR recovery codes (group ID 16 ‖ recovery key's P-256 private scalar 32, the same encoding; the recovery key's device ID is that of its public key) and the old PS1 group secrets (20 bytes) of protocol 1.",
             "valid": [parts(code), parts(zeroCode), parts(maxCode)],
             "parse": [
                 ["text": text, "code": text],
@@ -687,11 +687,32 @@ struct VectorBuilder {
                 ["text": "PS2-U" + body.dropFirst(1), "error": "badCharacter"],
                 ["text": String(wrongCheck), "error": "checkMismatch"],
             ],
+            "recoveryCodes": recoveryCodes(),
             "legacyGroupSecrets": [
                 ["secret": hex(secret.bytes), "code": secret.inviteCode, "tlsPSK": hex(secret.preSharedKey),
                  "pskIdentity": "peersync/" + secret.groupTag, "legacyTag": secret.groupTag,
                  "legacyKeyPublic": hex(LegacyGroupKey(groupSecret: secret.bytes).publicKey.x963),
                  "upgradedGroupID": hex(LegacyGroupKey(groupSecret: secret.bytes).groupID.bytes)],
+            ],
+        ]
+    }
+
+    /// PSR recovery codes (PROTOCOL §12.3): valid ones with their parts, and texts refused.
+    func recoveryCodes() -> JSON {
+        let recovery = RecoveryCode(groupID: Fixed.group, key: Fixed.key("peersync recovery vector"))
+        let text = recovery.text
+        let body = String(text.dropFirst(4))
+        var wrongCheck = Array(text)
+        wrongCheck[wrongCheck.count - 1] = wrongCheck.last == "0" ? "1" : "0"
+        return [
+            "valid": [["groupID": hex(recovery.groupID.bytes), "privateKey": hex(Array(recovery.key.privateKey.rawRepresentation)),
+                       "recoveryDeviceID": hex(recovery.key.deviceID.bytes), "code": text]],
+            "parse": [
+                ["text": text.lowercased().replacingOccurrences(of: "-", with: " "), "code": text],
+                ["text": "PS2-" + body, "error": "badPrefix"],
+                ["text": String(text.dropLast(2)), "error": "wrongLength"],
+                ["text": "PSR-U" + body.dropFirst(1), "error": "badCharacter"],
+                ["text": String(wrongCheck), "error": "checkMismatch"],
             ],
         ]
     }

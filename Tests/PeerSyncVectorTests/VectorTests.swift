@@ -344,6 +344,34 @@ struct VectorTests {
                 }
             }
         }
+        let recovery = file["recoveryCodes"] as! JSON
+        for v in recovery["valid"] as! [JSON] {
+            let key = DeviceKey(privateKey: try P256.Signing.PrivateKey(rawRepresentation: unhex(v["privateKey"])))
+            let code = RecoveryCode(groupID: GroupID(bytes: unhex(v["groupID"]))!, key: key)
+            #expect(code.text == v["code"] as! String)
+            #expect(try RecoveryCode(parsing: code.text) == code)
+            #expect(hex(key.deviceID.bytes) == v["recoveryDeviceID"] as! String)
+        }
+        for v in recovery["parse"] as! [JSON] {
+            let text = v["text"] as! String
+            if let expected = v["code"] {
+                #expect(try RecoveryCode(parsing: text).text == expected as! String, "\(text)")
+            } else {
+                do throws(RecoveryCodeParseError) {
+                    _ = try RecoveryCode(parsing: text)
+                    Issue.record("\(text) was accepted")
+                } catch {
+                    let kind = switch error {
+                    case .badPrefix: "badPrefix"
+                    case .wrongLength: "wrongLength"
+                    case .badCharacter: "badCharacter"
+                    case .checkMismatch: "checkMismatch"
+                    case .notAKey: "notAKey"
+                    }
+                    #expect(kind == v["error"] as! String, "\(text)")
+                }
+            }
+        }
         for v in file["legacyGroupSecrets"] as! [JSON] {
             let secret = GroupSecret(bytes: unhex(v["secret"]))
             #expect(secret.inviteCode == v["code"] as! String)

@@ -27,10 +27,15 @@ package struct LocalIdentity: Sendable {
 package struct PendingJoin: Sendable, Equatable {
     public let inviter: DeviceID
     public let entry: [UInt8]
+    /// The entry is an `add` signed by a recovery key (a device recovering the group with a
+    /// recovery code): no device invited it, so it presents the entry to any device of the
+    /// group, and syncs with the first that admits it.
+    public let isRecovery: Bool
 
     public init(inviter: DeviceID, entry: [UInt8]) {
         self.inviter = inviter
         self.entry = entry
+        if let decoded = try? RosterEntry(bytes: entry), case .add = decoded.payload { isRecovery = true } else { isRecovery = false }
     }
 }
 
@@ -71,9 +76,14 @@ extension Roster {
     /// The verdict on `device` for a node whose own join is `pendingJoin`.
     func admission(of device: DeviceID, pendingJoin: PendingJoin?) -> AdmissionVerdict {
         if let pendingJoin {
-            // Until its catch-up brings the roster, a joiner trusts exactly its inviter.
-            if device == pendingJoin.inviter || isActive(device) { return .member }
+            // Until its catch-up brings the roster, a joiner trusts exactly its inviter; a device
+            // recovering the group, any device of it (the roster it receives proves itself from
+            // the genesis, whose ID is the group ID).
+            if device == pendingJoin.inviter || isActive(device) || pendingJoin.isRecovery { return .member }
             return .refused(.notAdmitted, "this device is still joining the group; it syncs with its inviter first")
+        }
+        if role(of: device) == .recovery {
+            return .refused(.notAdmitted, "device \(device.shortForm) is a recovery key, not a device: it cannot hold a session")
         }
         if isActive(device) { return .member }
         if let removal = removalText(of: device) { return .refused(.deviceRemoved, "device \(device.shortForm) was \(removal)") }

@@ -71,7 +71,7 @@ extension ReplicationCore {
             var actions = register(id, hello: hello, now: now, state: state)
             guard sessions[id]?.phase == .established else { return actions }
             if let join = settings.identity.pendingJoin {
-                if key.deviceID == join.inviter {
+                if key.deviceID == join.inviter || join.isRecovery {
                     sessions[id]?.out.join = [join.entry]
                     actions.append(.wake(id))
                 }
