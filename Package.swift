@@ -38,9 +38,10 @@ let package = Package(
                            .product(name: "Crypto", package: "swift-crypto")]
         ),
         // DNS-SD C API; on Linux Avahi's Bonjour compatibility library (on Apple platforms: the system's dnssd).
+        // The header by its path under /usr/include (shim.h), not through pkg-config: its
+        // -D_REENTRANT made SwiftPM print "prohibited flag(s)" on every build.
         .systemLibrary(
             name: "CDNSSD",
-            pkgConfig: "avahi-compat-libdns_sd",
             providers: [.apt(["libavahi-compat-libdnssd-dev"])]
         ),
         .target(

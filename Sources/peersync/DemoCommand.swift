@@ -31,10 +31,14 @@ struct Demo: AsyncParsableCommand {
             nodes.append(replica)
             ports.append(try await replica.startSync(SyncConfiguration(security: .tls, listen: PeerAddress(host: "127.0.0.1", port: 0))))
         }
+        // Before they meet, each sets the week's first day: a true conflict, logged where it lost.
+        for (i, replica) in nodes.enumerated() {
+            try await replica.setSetting(SettingKey.weekStart, to: .int(Int64(i + 1)), scope: .synced)
+        }
         for (i, replica) in nodes.enumerated() where i > 0 {
             await replica.addPeer(PeerAddress(host: "127.0.0.1", port: ports[i - 1]))
         }
-        print("connected in a chain: " + names.prefix(replicas).joined(separator: " — ") + " (no direct link between the ends)\n")
+        print("each set weekStart while apart; connected in a chain: " + names.prefix(replicas).joined(separator: " — ") + " (no direct link between the ends)\n")
         // A shared location, then concurrent edits everywhere.
         let ward = Location(name: "Ward 3", address: "Main St 1")
         try await nodes[0].save(ward)
@@ -54,12 +58,11 @@ struct Demo: AsyncParsableCommand {
                             try await replica.save(shift)
                         }
                     }
-                    try await replica.setSetting(SettingKey.weekStart, to: .int(Int64(i + 1)), scope: .synced)
                 }
             }
             try await group.waitForAll()
         }
-        print("each replica made \(edits) edits and set weekStart concurrently; converging:\n")
+        print("each replica made \(edits) edits concurrently; converging:\n")
         let deadline = ContinuousClock.now + .seconds(30)
         while true {
             let states = nodes.map(\.state)
@@ -74,7 +77,19 @@ struct Demo: AsyncParsableCommand {
         }
         let final = nodes[replicas - 1].state
         print("\nconverged: every replica holds \(try final.fetchAll(ShiftType.self).count) shift types; weekStart = \(final.setting(SettingKey.weekStart, scope: .synced).map(SettingsCommand.render) ?? "?") everywhere (last writer wins)")
-        print("conflicts logged on \(final.name): \(final.conflicts.entries.count) (see `peersync conflicts` on a real store)")
+        // Each replica logs the overwrites it saw: the ones whose weekStart lost.
+        var shown = false
+        for replica in nodes {
+            let conflicts = (try? replica.conflicts()) ?? []
+            print("conflicts logged on \(replica.state.name): \(conflicts.count)", terminator: "")
+            if let conflict = conflicts.last(where: { $0.field == SettingKey.weekStart }), !shown {
+                shown = true
+                print(" — \(conflict.field): \(conflict.loser.writerName ?? "another device")'s \(SettingsCommand.render(conflict.loser.value)) "
+                    + "was replaced by \(conflict.winner.writerName ?? "another device")'s \(SettingsCommand.render(conflict.winner.value))", terminator: "")
+            }
+            print()
+        }
+        print("(`peersync conflicts` lists them on a real store)")
         for replica in nodes { await replica.stopSync() }
     }
 }
