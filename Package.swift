@@ -115,6 +115,8 @@ let package = Package(
         .executableTarget(name: "example-shift-scheduler", dependencies: ["PeerSync", "ShiftSchedulerModel", .product(name: "Logging", package: "swift-log")],
                           path: "Examples/ShiftScheduler"),
         .executableTarget(name: "example-settings", dependencies: ["PeerSync"], path: "Examples/SettingsScopes"),
+        // An app's whole sync layer (issue 31): SyncLayer.swift, at most 50 lines (CI checks).
+        .executableTarget(name: "example-team-sync", dependencies: ["PeerSync"], path: "Examples/TeamSync"),
         .executableTarget(name: "example-in-memory-pipe", dependencies: ["PeerSync", "ShiftSchedulerModel", .product(name: "Logging", package: "swift-log")],
                           path: "Examples/InMemoryPipe"),
         .executableTarget(name: "example-app-streams", dependencies: ["PeerSync", "ShiftSchedulerModel", .product(name: "Logging", package: "swift-log")],
