@@ -127,6 +127,9 @@ let package = Package(
                 path: "Tests/PeerSyncTestSupport"),
         // Replicas linked through the app-transport session API, reconnecting (app and session tests).
         .target(name: "PeerSyncAppTestSupport", dependencies: ["PeerSync"], path: "Tests/PeerSyncAppTestSupport"),
+        // Every Swift block of the README, the DocC articles and docs/APPLE.md, compiled
+        // (Scripts/doc-snippets.py generates them; issue 31: docs that compile).
+        .testTarget(name: "DocSnippets", dependencies: ["PeerSync"], path: "Tests/DocSnippets"),
         .testTarget(name: "PeerSyncCRDTTests", dependencies: ["PeerSyncCRDT", "PeerSyncTestSupport"]),
         .testTarget(name: "PeerSyncModelTests", dependencies: ["PeerSyncModel", "ShiftSchedulerModel", "PeerSyncCRDT", "PeerSyncTestSupport"]),
         .executableTarget(

@@ -10,6 +10,8 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# The doc-snippet check (Scripts/doc-snippets.py) needs a python3, from Debian if there is none.
+command -v python3 > /dev/null || missing+=(python3)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 echo "setup: installing ${missing[*]}" >&2

@@ -9,6 +9,9 @@ start=$(date +%s)
 
 Scripts/setup.sh
 
+echo "== doc snippets (every Swift block of the README, the DocC articles and docs/APPLE.md is compiled with the tests)"
+python3 Scripts/doc-snippets.py --check
+
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 echo "== build (debug, with tests)"
