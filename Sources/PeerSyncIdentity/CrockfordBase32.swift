@@ -71,6 +71,46 @@ enum CrockfordBase32 {
     }
 }
 
+/// What is wrong with a typed code (an invite's, a recovery code's): each kind of code turns it
+/// into its own error.
+enum CodeTextFailure: Error {
+    /// The first three characters are not the code's prefix; `found` is what they are.
+    case badPrefix(found: String)
+    case wrongLength(found: Int, expected: Int)
+    case badCharacter(Character, position: Int)
+    case checkMismatch
+}
+
+extension CrockfordBase32 {
+    /// The payload of a code typed as `PREFIX-` ‖ base32 of `byteCount` bytes ‖ a check
+    /// character (PROTOCOL §12): separators, case and `I`/`L`/`O` folded as readers must.
+    static func payload(ofCode text: String, prefix: String, byteCount: Int) throws(CodeTextFailure) -> [UInt8] {
+        let typed = TypedCharacters(text).characters
+        let head = String(typed.prefix(3).map(\.character)).uppercased()
+        guard head == prefix else { throw .badPrefix(found: head) }
+        let rest = typed.dropFirst(3)
+        let dataCharacters = characterCount(forBytes: byteCount)
+        guard rest.count == dataCharacters + 1 else { throw .wrongLength(found: rest.count, expected: dataCharacters + 1) }
+        var values: [Int] = []
+        for (character, position) in rest.prefix(dataCharacters) {
+            guard let value = value(of: character) else { throw .badCharacter(character, position: position) }
+            values.append(value)
+        }
+        let (checkCharacter, checkPosition) = rest.last!
+        let upper = Character(checkCharacter.uppercased())
+        guard let check = checkAlphabet.firstIndex(of: upper) ?? value(of: checkCharacter) else {
+            throw .badCharacter(checkCharacter, position: checkPosition)
+        }
+        guard let payload = decode(values: values, byteCount: byteCount), mod37(payload) == check else { throw .checkMismatch }
+        return payload
+    }
+
+    /// `payload` as a code: `PREFIX-`, the base32 in groups of four, `-`, the check character.
+    static func code(prefix: String, payload: [UInt8]) -> String {
+        prefix + "-" + grouped(encode(payload)) + "-" + String(checkAlphabet[mod37(payload)])
+    }
+}
+
 /// Characters a person typed, without the separators readers ignore, each with its 1-based
 /// position in the original text (for error messages).
 struct TypedCharacters {

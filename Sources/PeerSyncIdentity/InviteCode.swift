@@ -23,7 +23,6 @@ public struct InviteCode: Hashable, Sendable, CustomStringConvertible {
 
     static let prefix = "PS2"
     static let payloadBytes = GroupID.byteCount + DeviceID.byteCount + InviteToken.byteCount
-    static let dataCharacters = CrockfordBase32.characterCount(forBytes: payloadBytes)
 
     /// A code from its parts (``text`` renders it).
     package init(groupID: GroupID, inviter: DeviceID, token: InviteToken) {
@@ -35,35 +34,22 @@ public struct InviteCode: Hashable, Sendable, CustomStringConvertible {
     var payload: [UInt8] { groupID.bytes + inviter.bytes + token.bytes }
 
     /// The code as text.
-    public var text: String {
-        let check = CrockfordBase32.checkAlphabet[CrockfordBase32.mod37(payload)]
-        return Self.prefix + "-" + CrockfordBase32.grouped(CrockfordBase32.encode(payload)) + "-" + String(check)
-    }
+    public var text: String { CrockfordBase32.code(prefix: Self.prefix, payload: payload) }
 
     public var description: String { text }
 
     /// Parses a code; the error says what is wrong (and recognises an old `PS1-` group secret).
     public init(parsing text: String) throws(InviteCodeParseError) {
-        let typed = TypedCharacters(text).characters
-        let head = String(typed.prefix(3).map(\.character)).uppercased()
-        if head == "PS1" { throw .oldStyleGroupSecret }
-        guard head == Self.prefix else { throw .badPrefix }
-        let rest = typed.dropFirst(3)
-        guard rest.count == Self.dataCharacters + 1 else { throw .wrongLength(found: rest.count, expected: Self.dataCharacters + 1) }
-        var values: [Int] = []
-        for (character, position) in rest.prefix(Self.dataCharacters) {
-            guard let value = CrockfordBase32.value(of: character) else { throw .badCharacter(character, position: position) }
-            values.append(value)
-        }
-        let (checkCharacter, checkPosition) = rest.last!
-        let upper = Character(checkCharacter.uppercased())
-        guard let check = CrockfordBase32.checkAlphabet.firstIndex(of: upper)
-            ?? CrockfordBase32.value(of: checkCharacter) else {
-            throw .badCharacter(checkCharacter, position: checkPosition)
-        }
-        guard let payload = CrockfordBase32.decode(values: values, byteCount: Self.payloadBytes),
-              CrockfordBase32.mod37(payload) == check else {
-            throw .checkMismatch
+        let payload: [UInt8]
+        do {
+            payload = try CrockfordBase32.payload(ofCode: text, prefix: Self.prefix, byteCount: Self.payloadBytes)
+        } catch {
+            switch error {
+            case .badPrefix(let found): throw found == "PS1" ? .oldStyleGroupSecret : .badPrefix
+            case let .wrongLength(found, expected): throw .wrongLength(found: found, expected: expected)
+            case let .badCharacter(character, position): throw .badCharacter(character, position: position)
+            case .checkMismatch: throw .checkMismatch
+            }
         }
         let groupEnd = GroupID.byteCount
         let inviterEnd = groupEnd + DeviceID.byteCount

@@ -18,7 +18,6 @@ package struct RecoveryCode: Hashable, Sendable, CustomStringConvertible {
 
     static let prefix = "PSR"
     static let payloadBytes = GroupID.byteCount + 32
-    static let dataCharacters = CrockfordBase32.characterCount(forBytes: payloadBytes)
 
     package init(groupID: GroupID, key: DeviceKey) {
         self.groupID = groupID
@@ -28,10 +27,7 @@ package struct RecoveryCode: Hashable, Sendable, CustomStringConvertible {
     var payload: [UInt8] { groupID.bytes + Array(key.privateKey.rawRepresentation) }
 
     /// The code as text.
-    package var text: String {
-        let check = CrockfordBase32.checkAlphabet[CrockfordBase32.mod37(payload)]
-        return Self.prefix + "-" + CrockfordBase32.grouped(CrockfordBase32.encode(payload)) + "-" + String(check)
-    }
+    package var text: String { CrockfordBase32.code(prefix: Self.prefix, payload: payload) }
 
     package var description: String { text }
 
@@ -40,22 +36,17 @@ package struct RecoveryCode: Hashable, Sendable, CustomStringConvertible {
 
     /// Parses a code; the error says what is wrong.
     package init(parsing text: String) throws(RecoveryCodeParseError) {
-        let typed = TypedCharacters(text).characters
-        guard String(typed.prefix(3).map(\.character)).uppercased() == Self.prefix else { throw .badPrefix }
-        let rest = typed.dropFirst(3)
-        guard rest.count == Self.dataCharacters + 1 else { throw .wrongLength(found: rest.count, expected: Self.dataCharacters + 1) }
-        var values: [Int] = []
-        for (character, position) in rest.prefix(Self.dataCharacters) {
-            guard let value = CrockfordBase32.value(of: character) else { throw .badCharacter(character, position: position) }
-            values.append(value)
+        let payload: [UInt8]
+        do {
+            payload = try CrockfordBase32.payload(ofCode: text, prefix: Self.prefix, byteCount: Self.payloadBytes)
+        } catch {
+            switch error {
+            case .badPrefix: throw .badPrefix
+            case let .wrongLength(found, expected): throw .wrongLength(found: found, expected: expected)
+            case let .badCharacter(character, position): throw .badCharacter(character, position: position)
+            case .checkMismatch: throw .checkMismatch
+            }
         }
-        let (checkCharacter, checkPosition) = rest.last!
-        let upper = Character(checkCharacter.uppercased())
-        guard let check = CrockfordBase32.checkAlphabet.firstIndex(of: upper) ?? CrockfordBase32.value(of: checkCharacter) else {
-            throw .badCharacter(checkCharacter, position: checkPosition)
-        }
-        guard let payload = CrockfordBase32.decode(values: values, byteCount: Self.payloadBytes),
-              CrockfordBase32.mod37(payload) == check else { throw .checkMismatch }
         guard let scalar = try? P256.Signing.PrivateKey(rawRepresentation: payload[GroupID.byteCount...]) else { throw .notAKey }
         self.init(groupID: GroupID(bytes: payload[..<GroupID.byteCount])!, key: DeviceKey(privateKey: scalar))
     }

@@ -70,7 +70,7 @@ struct AdminTests {
 
         let phone = try Replica.recover(at: directories[2], name: "new phone", recoveryCode: code, logger: testLogger("phone"))
         try await syncAll([tablet, phone])
-        let recovered = await eventually(timeout: .seconds(60)) { phone.role == .admin && tablet.roster().role(of: phone.deviceID) == .admin }
+        let recovered = await eventually(timeout: .seconds(120)) { phone.role == .admin && tablet.roster().role(of: phone.deviceID) == .admin }
         #expect(recovered, "the phone is \(String(describing: phone.role)) here, \(String(describing: tablet.roster().role(of: phone.deviceID))) on the tablet")
         #expect(await eventually { (try? phone.fetchAll(PlannedShift.self).count) == 1 })
         // The new admin administers: it removes the lost office and makes a new code.
