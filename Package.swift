@@ -61,6 +61,12 @@ let package = Package(
                 .product(name: "SwiftASN1", package: "swift-asn1"),
             ]
         ),
+        // Sealed data for relays (issue 33): data keys by epoch, key envelopes (HPKE to device
+        // keys), sealed blobs. Pure: formats and cryptography, no I/O.
+        .target(
+            name: "PeerSyncSeal",
+            dependencies: ["PeerSyncCRDT", "PeerSyncIdentity", .product(name: "Crypto", package: "swift-crypto")]
+        ),
         // Replication: the pure core (sessions as state machines) and the replicator that runs it
         // over any transport. No NIO here: a transport is bytes in, bytes out.
         .target(
@@ -131,6 +137,8 @@ let package = Package(
         // (Scripts/doc-snippets.py generates them; issue 31: docs that compile).
         .testTarget(name: "DocSnippets", dependencies: ["PeerSync"], path: "Tests/DocSnippets"),
         .testTarget(name: "PeerSyncCRDTTests", dependencies: ["PeerSyncCRDT", "PeerSyncTestSupport"]),
+        .testTarget(name: "PeerSyncSealTests", dependencies: ["PeerSyncSeal", "PeerSyncIdentity", "PeerSyncCRDT",
+                                                               .product(name: "Crypto", package: "swift-crypto")]),
         .testTarget(name: "PeerSyncModelTests", dependencies: ["PeerSyncModel", "ShiftSchedulerModel", "PeerSyncCRDT", "PeerSyncTestSupport"]),
         .executableTarget(
             name: "peersync-store-child",
@@ -175,7 +183,7 @@ let package = Package(
         .testTarget(
             name: "PeerSyncVectorTests",
             dependencies: ["PeerSyncWire", "PeerSyncCRDT", "PeerSyncIdentity", "PeerSyncReplication", "PeerSyncNetwork", "PeerSyncDiscovery",
-                           .product(name: "Crypto", package: "swift-crypto")]
+                           .product(name: "Crypto", package: "swift-crypto"), "PeerSyncSeal"]
         ),
         .testTarget(
             name: "PeerSyncStoreTests",

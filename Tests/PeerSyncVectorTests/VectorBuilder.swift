@@ -5,6 +5,7 @@ import Foundation
 @testable import PeerSyncIdentity
 @testable import PeerSyncReplication
 @testable import PeerSyncNetwork
+@testable import PeerSyncSeal
 @testable import PeerSyncWire
 
 /// Fixed inputs of every vector: replicas, keys, nonces, clocks.
@@ -43,6 +44,71 @@ struct VectorBuilder {
             "context-blobs.json": contextBlobs(), "deltas.json": deltas(), "messages.json": messages(),
             "digests.json": digests(), "identity.json": identity(), "invite-codes.json": inviteCodes(),
             "auth.json": auth(), "discovery.json": discovery(), "bundles.json": bundles(), "seen.json": seen(),
+            "sealed.json": sealed(),
+        ]
+    }
+
+    // MARK: sealed data for relays (PROTOCOL §20)
+
+    /// Sealed blobs (fixed key and nonce: the ciphertext is exactly reproducible; the signature
+    /// is ECDSA, kept while it verifies) and a key envelope (HPKE is randomized: the stored one is
+    /// kept while it opens to the key).
+    func sealed() -> JSON {
+        let stored = existing["sealed.json"]
+        let key = DataKey(epoch: 1, bytes: (0x40..<0x60).map { UInt8($0) })!
+        let nonce: [UInt8] = Array(0x70..<0x7c)
+        let plaintext = Array("sealed delta plaintext".utf8)
+        func blob(_ name: String, kind: SealedBlob.Kind, covers: [ReplicaID: UInt64]) -> SealedBlob {
+            let fresh = try! SealedBlob.seal(plaintext, kind: kind, group: Fixed.group, key: key, writer: Fixed.keyA, replica: Fixed.a,
+                                             counters: 3...4, head: 5, covers: covers, nonce: nonce)
+            let old = ((stored?["blobs"] as? [JSON]) ?? []).first { ($0["name"] as? String) == name }
+                .flatMap { try? SealedBlob(bytes: unhex($0["blob"])) }
+            if let old, old.isSigned(by: Fixed.keyA.publicKey), Array(old.bytes.dropLast(64)) == Array(fresh.bytes.dropLast(64)) { return old }
+            return fresh
+        }
+        let writes = blob("writes", kind: .writes, covers: [:])
+        let snapshot = blob("snapshot", kind: .snapshot, covers: [Fixed.a: 4, Fixed.b: 2])
+        func entry(_ name: String, _ blob: SealedBlob) -> JSON {
+            ["name": name, "header": hex(blob.header), "blob": hex(blob.bytes), "signed": hex(blob.signed)]
+        }
+        func flipped(_ bytes: [UInt8], at offsetFromEnd: Int) -> String {
+            var copy = bytes
+            copy[copy.count - offsetFromEnd] ^= 1
+            return hex(copy)
+        }
+        let otherGroup = GroupID(bytes: [UInt8](repeating: 7, count: 16))!
+        let moved = SealedBlob(kind: .writes, groupID: otherGroup, epoch: 1, writer: Fixed.keyA.deviceID, replica: Fixed.a, firstCounter: 3,
+                               lastCounter: 4, head: 5, nonce: nonce, covers: [:], ciphertext: writes.ciphertext, signature: [])
+        let movedName = "re-signed by its writer with another group's ID in the header: it does not open under that header"
+        let oldMoved = ((stored?["refused"] as? [JSON]) ?? []).first { ($0["name"] as? String) == movedName }
+            .flatMap { try? SealedBlob(bytes: unhex($0["blob"])) }
+        let movedSigned = oldMoved.flatMap { old in
+            old.isSigned(by: Fixed.keyA.publicKey) && Array(old.bytes.dropLast(64)) == moved.bytes ? old : nil
+        } ?? SealedBlob(kind: .writes, groupID: otherGroup, epoch: 1, writer: Fixed.keyA.deviceID, replica: Fixed.a,
+                        firstCounter: 3, lastCounter: 4, head: 5, nonce: nonce, covers: [:], ciphertext: writes.ciphertext,
+                        signature: Fixed.keyA.signature(for: moved.signed))
+        let oldEnvelope = (stored?["envelope"] as? JSON)?["envelope"].flatMap { try? KeyEnvelope(bytes: unhex($0)) }
+        let envelope: KeyEnvelope
+        if let oldEnvelope, oldEnvelope.isSigned(by: Fixed.keyA.publicKey),
+           (try? oldEnvelope.open(with: Fixed.keyB, group: Fixed.group)) == key {
+            envelope = oldEnvelope
+        } else {
+            envelope = try! KeyEnvelope.seal(key, group: Fixed.group, to: Fixed.keyB.publicKey, by: Fixed.keyA)
+        }
+        return [
+            "kind": "sealed",
+            "description": "Sealed data for relays (PROTOCOL §20): blobs = header ‖ varint(len) ‖ ChaCha20-Poly1305(data key, nonce, plaintext, aad = header) ‖ ECDSA P-256 low-S by the writer over \"peersync sealed blob v1\" 00 ‖ header ‖ varint(len) ‖ ciphertext; key envelopes = HPKE (DHKEM(P-256, HKDF-SHA256), HKDF-SHA256, AES-256-GCM, base mode, info \"peersync data key v1\" 00 ‖ group ID ‖ varint(epoch)) of the 32-byte data key to the recipient's device key, signed by the sender. ECDSA and HPKE are randomized: check that signatures verify and envelopes open, not that you produce the same bytes. Keys: writer = device A (scalar SHA-256(\"peersync test vector\")), recipient = device B (SHA-256(\"peersync test vector b\")).",
+            "groupID": hex(Fixed.group.bytes), "dataKey": ["epoch": "1", "key": hex(key.bytes)], "nonce": hex(nonce),
+            "plaintext": hex(plaintext), "writerKey": hex(Fixed.keyA.publicKey.x963), "writerReplica": replicaHex(Fixed.a),
+            "blobs": [entry("writes", writes), entry("snapshot", snapshot)],
+            "refused": [
+                ["name": "a ciphertext byte flipped: the signature fails, and the AEAD does not open", "blob": flipped(writes.bytes, at: 70),
+                 "error": "badSignature"],
+                ["name": movedName, "blob": hex(movedSigned.bytes), "groupID": hex(otherGroup.bytes), "error": "cannotOpen"],
+                ["name": "one byte more", "blob": hex(writes.bytes + [0]), "error": "malformed"],
+            ] as [JSON],
+            "envelope": ["senderKey": hex(Fixed.keyA.publicKey.x963), "recipientScalar": hex(Fixed.keyB.privateKey.rawRepresentation),
+                         "envelope": hex(envelope.bytes), "opensTo": hex(key.bytes), "epoch": "1"],
         ]
     }
 

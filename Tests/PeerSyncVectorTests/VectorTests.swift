@@ -6,6 +6,7 @@ import Foundation
 @testable import PeerSyncReplication
 @testable import PeerSyncNetwork
 @testable import PeerSyncWire
+@testable import PeerSyncSeal
 import Testing
 
 /// Checks every file of docs/vectors against this implementation: the bytes it writes for the
@@ -17,7 +18,7 @@ import Testing
 struct VectorTests {
     static let names = ["varint.json", "frames.json", "values.json", "hlc.json", "context-blobs.json", "deltas.json", "messages.json",
                         "digests.json", "identity.json", "invite-codes.json", "auth.json", "discovery.json", "bundles.json",
-                        "seen.json"]
+                        "seen.json", "sealed.json"]
 
     static func existing() -> [String: JSON] {
         var files: [String: JSON] = [:]
@@ -40,6 +41,44 @@ struct VectorTests {
             let onDisk = try String(contentsOf: VectorFiles.directory.appendingPathComponent(name), encoding: .utf8)
             #expect(VectorFiles.serialize(object) == onDisk, "\(name) differs from what the code writes")
         }
+    }
+
+    @Test("sealed blobs open with their epoch's key as their writer signed them; tampered ones are refused; the envelope opens with the recipient's key")
+    func sealedData() throws {
+        let file = try VectorFiles.load("sealed.json")
+        let group = GroupID(bytes: unhex(file["groupID"]))!
+        let keyInfo = file["dataKey"] as! JSON
+        let key = DataKey(epoch: UInt64(keyInfo["epoch"] as! String)!, bytes: unhex(keyInfo["key"]))!
+        let writerKey = DevicePublicKey(x963: unhex(file["writerKey"]))!
+        for v in file["blobs"] as! [JSON] {
+            let blob = try SealedBlob(bytes: unhex(v["blob"]))
+            #expect(hex(blob.header) == v["header"] as! String)
+            #expect(blob.isSigned(by: writerKey), "\(v["name"]!)")
+            #expect(hex(try blob.open(with: key, group: group)) == file["plaintext"] as! String)
+        }
+        for v in file["refused"] as! [JSON] {
+            let expected = v["error"] as! String
+            let target = (v["groupID"] as? String).map { GroupID(bytes: unhex($0))! } ?? group
+            do {
+                let blob = try SealedBlob(bytes: unhex(v["blob"]))
+                guard blob.isSigned(by: writerKey) else { throw SealError.badSignature("") }
+                _ = try blob.open(with: key, group: target)
+                Issue.record("\(v["name"]!) was accepted")
+            } catch let error as SealError {
+                let kind = switch error {
+                case .malformed: "malformed"
+                case .badSignature: "badSignature"
+                case .cannotOpen: "cannotOpen"
+                case .notForThis: "notForThis"
+                }
+                #expect(kind == expected, "\(v["name"]!)")
+            }
+        }
+        let envelopeInfo = file["envelope"] as! JSON
+        let envelope = try KeyEnvelope(bytes: unhex(envelopeInfo["envelope"]))
+        #expect(envelope.isSigned(by: DevicePublicKey(x963: unhex(envelopeInfo["senderKey"]))!))
+        let recipient = DeviceKey(privateKey: try P256.Signing.PrivateKey(rawRepresentation: unhex(envelopeInfo["recipientScalar"])))
+        #expect(hex(try envelope.open(with: recipient, group: group).bytes) == envelopeInfo["opensTo"] as! String)
     }
 
     @Test("varints and zigzag varints")
