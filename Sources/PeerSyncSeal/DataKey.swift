@@ -28,6 +28,12 @@ package struct DataKey: Sendable, Equatable {
     }
 
     var symmetric: SymmetricKey { SymmetricKey(data: bytes) }
+
+    /// The key's name in blob headers: the first 8 bytes of SHA-256("peersync data key id v1" 00
+    /// ‖ key). Two admins that start the same epoch concurrently make two keys; a blob names the
+    /// one it was sealed with, and a reader finds it among the envelopes it can open. Says
+    /// nothing about the key.
+    public var id: [UInt8] { Array(SHA256.hash(data: Array("peersync data key id v1".utf8) + [0] + bytes).prefix(8)) }
 }
 
 /// Why sealed data was refused. One line each.

@@ -8,9 +8,10 @@ import PeerSyncIdentity
 ///
 /// ```
 /// blob       = header varint(len) ciphertext signature
-/// header     = u8(format = 1) u8(kind) bytes16(group ID) varint(epoch) bytes20(writer device ID)
-///              bytes16(replica ID) varint(first counter) varint(last counter) varint(head)
-///              bytes12(nonce) [kind 2: varint(#) (bytes16(replica ID) varint(counter))…]
+/// header     = u8(format = 1) u8(kind) bytes16(group ID) varint(epoch) bytes8(key ID)
+///              bytes20(writer device ID) bytes16(replica ID) varint(first counter)
+///              varint(last counter) varint(head) bytes12(nonce)
+///              [kind 2: varint(#) (bytes16(replica ID) varint(counter))…]
 /// kind       = 1: the writer's events first…last of that replica; 2: a snapshot of the whole
 ///              state, covering the version vector that follows (the relay may drop every blob
 ///              it covers)
@@ -33,6 +34,8 @@ package struct SealedBlob: Sendable, Equatable {
     public let kind: Kind
     public let groupID: GroupID
     public let epoch: UInt64
+    /// The data key's ID (``DataKey/id``).
+    public let keyID: [UInt8]
     public let writer: DeviceID
     public let replica: ReplicaID
     public let firstCounter: UInt64
@@ -57,15 +60,15 @@ package struct SealedBlob: Sendable, Equatable {
                             replica: ReplicaID, counters: ClosedRange<UInt64>, head: UInt64, covers: [ReplicaID: UInt64] = [:],
                             nonce: [UInt8]? = nil) throws -> SealedBlob {
         let nonce = nonce ?? ChaChaPoly.Nonce().withUnsafeBytes { Array($0) }
-        var blob = SealedBlob(kind: kind, groupID: group, epoch: key.epoch, writer: writer.deviceID, replica: replica,
+        var blob = SealedBlob(kind: kind, groupID: group, epoch: key.epoch, keyID: key.id, writer: writer.deviceID, replica: replica,
                               firstCounter: counters.lowerBound, lastCounter: counters.upperBound, head: head, nonce: nonce,
                               covers: kind == .snapshot ? covers : [:], ciphertext: [], signature: [])
         let sealed = try ChaChaPoly.seal(plaintext, using: key.symmetric, nonce: try ChaChaPoly.Nonce(data: nonce),
                                          authenticating: blob.header)
-        blob = SealedBlob(kind: blob.kind, groupID: group, epoch: key.epoch, writer: writer.deviceID, replica: replica,
+        blob = SealedBlob(kind: blob.kind, groupID: group, epoch: key.epoch, keyID: key.id, writer: writer.deviceID, replica: replica,
                           firstCounter: blob.firstCounter, lastCounter: blob.lastCounter, head: head, nonce: nonce, covers: blob.covers,
                           ciphertext: Array(sealed.ciphertext) + Array(sealed.tag), signature: [])
-        return SealedBlob(kind: blob.kind, groupID: group, epoch: key.epoch, writer: writer.deviceID, replica: replica,
+        return SealedBlob(kind: blob.kind, groupID: group, epoch: key.epoch, keyID: key.id, writer: writer.deviceID, replica: replica,
                           firstCounter: blob.firstCounter, lastCounter: blob.lastCounter, head: head, nonce: nonce, covers: blob.covers,
                           ciphertext: blob.ciphertext, signature: writer.signature(for: blob.signed))
     }
@@ -76,6 +79,7 @@ package struct SealedBlob: Sendable, Equatable {
         writer.byte(kind.rawValue)
         writer.raw(groupID.bytes)
         writer.varint(epoch)
+        writer.raw(keyID)
         writer.raw(self.writer.bytes)
         writer.raw(replica.bigEndianBytes)
         writer.varint(firstCounter)
@@ -116,6 +120,7 @@ package struct SealedBlob: Sendable, Equatable {
         self.kind = kind
         groupID = GroupID(bytes: try reader.raw(16, "group ID"))!
         epoch = try reader.varint("epoch")
+        keyID = try reader.raw(8, "key ID")
         writer = DeviceID(bytes: try reader.raw(20, "writer"))!
         replica = ReplicaID(bigEndianBytes: try reader.raw(16, "replica ID"))!
         firstCounter = try reader.varint("first counter")
@@ -144,11 +149,12 @@ package struct SealedBlob: Sendable, Equatable {
         guard reader.isAtEnd else { throw .malformed("sealed blob: trailing bytes") }
     }
 
-    init(kind: Kind, groupID: GroupID, epoch: UInt64, writer: DeviceID, replica: ReplicaID, firstCounter: UInt64, lastCounter: UInt64,
-         head: UInt64, nonce: [UInt8], covers: [ReplicaID: UInt64], ciphertext: [UInt8], signature: [UInt8]) {
+    init(kind: Kind, groupID: GroupID, epoch: UInt64, keyID: [UInt8], writer: DeviceID, replica: ReplicaID, firstCounter: UInt64,
+         lastCounter: UInt64, head: UInt64, nonce: [UInt8], covers: [ReplicaID: UInt64], ciphertext: [UInt8], signature: [UInt8]) {
         self.kind = kind
         self.groupID = groupID
         self.epoch = epoch
+        self.keyID = keyID
         self.writer = writer
         self.replica = replica
         self.firstCounter = firstCounter
@@ -170,7 +176,9 @@ package struct SealedBlob: Sendable, Equatable {
     /// as ``replica`` first.
     public func open(with key: DataKey, group: GroupID) throws(SealError) -> [UInt8] {
         guard group == groupID else { throw .notForThis("a blob of another group") }
-        guard key.epoch == epoch else { throw .cannotOpen("the blob is of epoch \(epoch), the key of epoch \(key.epoch)") }
+        guard key.epoch == epoch, key.id == keyID else {
+            throw .cannotOpen("the blob is sealed with key \(hex(keyID)) of epoch \(epoch), not key \(hex(key.id)) of epoch \(key.epoch)")
+        }
         do {
             let box = try ChaChaPoly.SealedBox(nonce: ChaChaPoly.Nonce(data: nonce), ciphertext: ciphertext.dropLast(16),
                                                tag: ciphertext.suffix(16))
@@ -180,3 +188,6 @@ package struct SealedBlob: Sendable, Equatable {
         }
     }
 }
+
+/// Lowercase hex, for messages.
+func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }

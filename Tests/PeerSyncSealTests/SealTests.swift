@@ -43,20 +43,20 @@ struct SealTests {
         #expect(throws: SealError.self) { try tampered.open(with: key, group: group) }
         // Re-signed by Ben as if he wrote it: the header names him, so the AEAD (bound to the
         // header) does not open; with Anna's header it is not his signature.
-        let stolen = SealedBlob(kind: blob.kind, groupID: group, epoch: 0, writer: ben.deviceID, replica: replica, firstCounter: 1,
+        let stolen = SealedBlob(kind: blob.kind, groupID: group, epoch: 0, keyID: key.id, writer: ben.deviceID, replica: replica, firstCounter: 1,
                                 lastCounter: 1, head: 1, nonce: blob.nonce, covers: [:], ciphertext: blob.ciphertext, signature: [])
-        let resigned = SealedBlob(kind: stolen.kind, groupID: group, epoch: 0, writer: ben.deviceID, replica: replica, firstCounter: 1,
+        let resigned = SealedBlob(kind: stolen.kind, groupID: group, epoch: 0, keyID: key.id, writer: ben.deviceID, replica: replica, firstCounter: 1,
                                   lastCounter: 1, head: 1, nonce: blob.nonce, covers: [:], ciphertext: blob.ciphertext,
                                   signature: ben.signature(for: stolen.signed))
         #expect(resigned.isSigned(by: ben.publicKey))
         #expect(throws: SealError.self) { try resigned.open(with: key, group: group) }
         // Replayed into another group (its header rewritten and re-signed by a member there).
         let other = GroupID(bytes: [UInt8](repeating: 7, count: 16))!
-        let moved = SealedBlob(kind: blob.kind, groupID: other, epoch: 0, writer: anna.deviceID, replica: replica, firstCounter: 1,
+        let moved = SealedBlob(kind: blob.kind, groupID: other, epoch: 0, keyID: key.id, writer: anna.deviceID, replica: replica, firstCounter: 1,
                                lastCounter: 1, head: 1, nonce: blob.nonce, covers: [:], ciphertext: blob.ciphertext, signature: [])
         #expect(throws: SealError.self) { try moved.open(with: key, group: other) }
         // Other counters than sealed: does not open.
-        let shifted = SealedBlob(kind: blob.kind, groupID: group, epoch: 0, writer: anna.deviceID, replica: replica, firstCounter: 2,
+        let shifted = SealedBlob(kind: blob.kind, groupID: group, epoch: 0, keyID: key.id, writer: anna.deviceID, replica: replica, firstCounter: 2,
                                  lastCounter: 2, head: 2, nonce: blob.nonce, covers: [:], ciphertext: blob.ciphertext, signature: [])
         #expect(throws: SealError.self) { try shifted.open(with: key, group: group) }
     }
@@ -80,6 +80,18 @@ struct SealTests {
         let redirected = KeyEnvelope(groupID: group, epoch: 1, recipient: carla.deviceID, sender: anna.deviceID,
                                      encapsulatedKey: envelopes[0].encapsulatedKey, ciphertext: envelopes[0].ciphertext, signature: [])
         #expect(throws: SealError.self) { try redirected.open(with: carla, group: group) }
+    }
+
+    /// Two admins start epoch 5 at once: two keys. A blob names the one it was sealed with.
+    @Test func concurrentKeysOfOneEpochAreToldApartByTheirID() throws {
+        let mine = DataKey.generate(epoch: 5)
+        let theirs = DataKey.generate(epoch: 5)
+        #expect(mine.id != theirs.id && mine.id.count == 8)
+        let blob = try SealedBlob.seal(plaintext, group: group, key: theirs, writer: ben, replica: replica, counters: 1...1, head: 1)
+        #expect(blob.keyID == theirs.id)
+        #expect(throws: SealError.self) { try blob.open(with: mine, group: group) }
+        let key = try #require([mine, theirs].first { $0.epoch == blob.epoch && $0.id == blob.keyID })
+        #expect(try blob.open(with: key, group: group) == plaintext)
     }
 
     @Test func snapshotsNameWhatTheyCover() throws {

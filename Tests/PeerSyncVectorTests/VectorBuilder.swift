@@ -77,14 +77,14 @@ struct VectorBuilder {
             return hex(copy)
         }
         let otherGroup = GroupID(bytes: [UInt8](repeating: 7, count: 16))!
-        let moved = SealedBlob(kind: .writes, groupID: otherGroup, epoch: 1, writer: Fixed.keyA.deviceID, replica: Fixed.a, firstCounter: 3,
+        let moved = SealedBlob(kind: .writes, groupID: otherGroup, epoch: 1, keyID: key.id, writer: Fixed.keyA.deviceID, replica: Fixed.a, firstCounter: 3,
                                lastCounter: 4, head: 5, nonce: nonce, covers: [:], ciphertext: writes.ciphertext, signature: [])
         let movedName = "re-signed by its writer with another group's ID in the header: it does not open under that header"
         let oldMoved = ((stored?["refused"] as? [JSON]) ?? []).first { ($0["name"] as? String) == movedName }
             .flatMap { try? SealedBlob(bytes: unhex($0["blob"])) }
         let movedSigned = oldMoved.flatMap { old in
             old.isSigned(by: Fixed.keyA.publicKey) && Array(old.bytes.dropLast(64)) == moved.bytes ? old : nil
-        } ?? SealedBlob(kind: .writes, groupID: otherGroup, epoch: 1, writer: Fixed.keyA.deviceID, replica: Fixed.a,
+        } ?? SealedBlob(kind: .writes, groupID: otherGroup, epoch: 1, keyID: key.id, writer: Fixed.keyA.deviceID, replica: Fixed.a,
                         firstCounter: 3, lastCounter: 4, head: 5, nonce: nonce, covers: [:], ciphertext: writes.ciphertext,
                         signature: Fixed.keyA.signature(for: moved.signed))
         let oldEnvelope = (stored?["envelope"] as? JSON)?["envelope"].flatMap { try? KeyEnvelope(bytes: unhex($0)) }
