@@ -93,7 +93,7 @@ let package = Package(
         .target(
             name: "PeerSync",
             dependencies: ["PeerSyncCRDT", "PeerSyncModel", "PeerSyncStore", "PeerSyncWire", "PeerSyncReplication", "PeerSyncNetwork", "PeerSyncDiscovery",
-                           "PeerSyncIdentity",
+                           "PeerSyncIdentity", "PeerSyncSeal",
                            .product(name: "Logging", package: "swift-log")]
         ),
         // The ShiftScheduler demo app's records (ShiftType, Location) and the JSON export/import
@@ -195,7 +195,7 @@ let package = Package(
         .testTarget(
             name: "PeerSyncAppTests",
             dependencies: ["PeerSync", "PeerSyncWire", "PeerSyncTestSupport", "PeerSyncAppTestSupport", "ShiftSchedulerModel", "peersync-app-child",
-                           .product(name: "Logging", package: "swift-log"), .product(name: "Crypto", package: "swift-crypto")]
+                           .product(name: "Logging", package: "swift-log"), .product(name: "Crypto", package: "swift-crypto"), "PeerSyncSeal"]
         ),
         .executableTarget(
             name: "peersync-discovery-probe",

@@ -81,7 +81,7 @@ struct CompactionMembers: Equatable {
         }
         var unclaimed: UInt64 = 0
         // A recovery key is no device: it never syncs, so it has nothing to report.
-        for device in roster.devices.values.sorted(by: { $0.id < $1.id }) where device.role != .recovery {
+        for device in roster.devices.values.sorted(by: { $0.id < $1.id }) where device.role.isDevice {
             let own = claims[device.id] ?? []
             if let removal = device.removal {
                 var cutoff = CausalContext(versionVector: removal.dataCutoff)

@@ -357,6 +357,9 @@ extension Replica {
                 // state, never `self.state`, whose lock the transaction holds).
                 try RosterEntry.make(roster.removal(of: device, seen: state.context), context: context, signer: deviceKey)
             }
+            // A group with data keys (relays) starts a new epoch: the removed device gets no key
+            // to what is written from now on (PROTOCOL §20.2).
+            if !Self.envelopes(in: state).isEmpty { try await rotateDataKey() }
         }
     }
 

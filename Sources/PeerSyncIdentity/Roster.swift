@@ -275,9 +275,15 @@ public struct Roster: Sendable {
         devices.values.filter { $0.isActive && $0.role == .recovery }.sorted { ($0.name, $0.id) < ($1.name, $1.id) }
     }
 
-    /// Active devices, sorted by name then ID (recovery keys are not devices: ``recoveryKeys``).
+    /// Active relays (``DeviceRole/relay``): not devices, so not in ``activeDevices``.
+    public var relays: [Device] {
+        devices.values.filter { $0.isActive && $0.role == .relay }.sorted { ($0.name, $0.id) < ($1.name, $1.id) }
+    }
+
+    /// Active devices, sorted by name then ID (recovery keys and relays are not devices:
+    /// ``recoveryKeys``, ``relays``).
     public var activeDevices: [Device] {
-        devices.values.filter { $0.isActive && $0.role != .recovery }.sorted { ($0.name, $0.id) < ($1.name, $1.id) }
+        devices.values.filter { $0.isActive && $0.role.isDevice }.sorted { ($0.name, $0.id) < ($1.name, $1.id) }
     }
 
     /// Whether `device` was removed or banned (it can never join again).

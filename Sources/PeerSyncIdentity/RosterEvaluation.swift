@@ -41,7 +41,7 @@ struct Evaluation {
     /// or nil if it is.
     private func notAdmin(_ device: DeviceID) -> String? {
         if let reason = notActive(device) { return reason }
-        return devices[device]!.role == .member ? "\(device.shortForm) is not an admin" : nil
+        return devices[device]!.role.signsAsAdmin ? nil : "\(device.shortForm) is not an admin"
     }
 
     /// Why a new device with `key` may not join, or nil.

@@ -91,7 +91,7 @@ extension Roster {
         guard role(of: admin) == .admin,
               devices.values.contains(where: { if case .invited = $0.origin { $0.isActive } else { false } }) else { return [] }
         let added = addedDevices
-        let active = devices.values.filter { $0.isActive && $0.role != .recovery }
+        let active = devices.values.filter { $0.isActive && $0.role.isDevice }
         let lowestAdmin = active.filter { $0.role == .admin }.map(\.id).min()
         let due = devices.values.filter { device in
             guard needsConfirmation(device, added: added) else { return false }
@@ -161,6 +161,6 @@ private struct ProofSearch {
         guard evaluations > 0 else { return false }
         evaluations -= 1
         let alone = Roster(groupID: roster.groupID, entries: entries)
-        return admin ? alone.role(of: device).map { $0 != .member } ?? false : alone.isActive(device)
+        return admin ? alone.role(of: device)?.signsAsAdmin ?? false : alone.isActive(device)
     }
 }

@@ -121,14 +121,26 @@ public enum DeviceRole: UInt8, Hashable, Sendable, CustomStringConvertible {
     /// roster entries with an admin's rights (a new device recovering a group whose admin
     /// devices are lost), never holds a session, and does not count as an admin device.
     case recovery = 2
+    /// A relay a member runs for the group (docs/RELAY.md): it stores and forwards sealed data
+    /// and speaks only the relay protocol. Not a member (it writes nothing and is never given a
+    /// data key), not an admin.
+    case relay = 3
 
     public var description: String {
         switch self {
         case .member: "member"
         case .admin: "admin"
         case .recovery: "recovery key"
+        case .relay: "relay"
         }
     }
+
+    /// Whether entries signed with this role count as an admin's (admins and recovery keys).
+    public var signsAsAdmin: Bool { self == .admin || self == .recovery }
+
+    /// Whether a device of this role is a member device: it syncs, writes and reports (not a
+    /// recovery key, not a relay).
+    public var isDevice: Bool { self == .member || self == .admin }
 }
 
 func hexString(_ bytes: some Sequence<UInt8>) -> String {

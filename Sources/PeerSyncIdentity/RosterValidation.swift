@@ -223,7 +223,7 @@ struct ProvenAuthority {
             for entry in waitingForAdmin.removeValue(forKey: admin) ?? [] {
                 switch entry.payload {
                 case let .add(key, _, role):
-                    introduce(key.deviceID, admin: role != .member)  // a recovery key signs as an admin
+                    introduce(key.deviceID, admin: role.signsAsAdmin)  // a recovery key signs as an admin
                 case let .invite(hash, role, expiresAt):
                     invites[hash, default: []].append((role, expiresAt))
                     let adminInvite = invites[hash]!.contains { $0.role == .admin }

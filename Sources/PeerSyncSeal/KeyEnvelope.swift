@@ -65,6 +65,12 @@ package struct KeyEnvelope: Sendable, Equatable {
     /// The envelope's bytes.
     public var bytes: [UInt8] { body + signature }
 
+    /// Its record ID in the collection `_keys`: the first 16 bytes of SHA-256 of its bytes.
+    public var recordID: UUID {
+        let d = Array(SHA256.hash(data: bytes).prefix(16))
+        return UUID(uuid: (d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15]))
+    }
+
     /// Parses an envelope (nothing verified but its form).
     public init(bytes: [UInt8]) throws(SealError) {
         var reader = SealReader(bytes, what: "key envelope")

@@ -49,6 +49,27 @@ struct RosterTests {
         #expect(other.ineffective.first?.reason.hasPrefix("it belongs to group") == true)
     }
 
+    @Test("a recovery key signs as an admin and a relay does not; neither is a device, nor counts as the last admin")
+    func recoveryKeysAndRelays() throws {
+        var s = try Scenario()
+        let recovery = DeviceKey.generate()
+        let relay = DeviceKey.generate()
+        let newcomer = DeviceKey.generate()
+        let stranger = DeviceKey.generate()
+        try s.add(recovery, name: "recovery key", role: .recovery, by: s.creator, at: 2_000)
+        try s.add(relay, name: "relay", role: .relay, by: s.creator, at: 2_100)
+        let byRecovery = try s.add(newcomer, name: "new phone", role: .admin, by: recovery, at: 3_000)
+        let byRelay = try s.add(stranger, name: "x", role: .member, by: relay, at: 3_100)
+        let roster = s.roster
+        #expect(roster.role(of: newcomer.deviceID) == .admin, "\(String(describing: reason(roster, byRecovery)))")
+        #expect(roster.devices[stranger.deviceID] == nil)
+        #expect(reason(roster, byRelay)?.contains("not an admin") == true)
+        #expect(roster.recoveryKeys.map(\.id) == [recovery.deviceID])
+        #expect(roster.relays.map(\.id) == [relay.deviceID])
+        #expect(Set(roster.activeDevices.map(\.id)) == [s.creator.deviceID, newcomer.deviceID])
+        #expect(roster.deviceAdmins.count == 2)
+    }
+
     @Test("a member cannot add, remove or invite: the entry has no effect and validate refuses it")
     func memberRights() throws {
         var s = try Scenario()

@@ -85,6 +85,9 @@ extension Roster {
         if role(of: device) == .recovery {
             return .refused(.notAdmitted, "device \(device.shortForm) is a recovery key, not a device: it cannot hold a session")
         }
+        if role(of: device) == .relay {
+            return .refused(.notAdmitted, "device \(device.shortForm) is a relay: it speaks the relay protocol, not sync sessions")
+        }
         if isActive(device) { return .member }
         if let removal = removalText(of: device) { return .refused(.deviceRemoved, "device \(device.shortForm) was \(removal)") }
         return .candidate

@@ -1,0 +1,102 @@
+import Foundation
+@_spi(Engine) import PeerSyncCRDT
+import PeerSyncIdentity
+import PeerSyncModel
+import PeerSyncSeal
+import PeerSyncStore
+
+// The group's data keys by epoch (issue 33; PROTOCOL §20.2): what relays will need. A key
+// envelope is a record of the reserved collection `_keys` (record ID: the first 16 bytes of
+// SHA-256 of the envelope; one field `e`, its bytes): add-only data that travels like any other
+// between devices that meet, sealed to its one recipient.
+extension Replica {
+    static let keyCollection = "_keys"
+
+    /// The data keys this device can open: from envelopes addressed to it whose sender is an
+    /// active admin of the roster now (a removed admin's envelopes do not count: it could start
+    /// an epoch whose key it knows).
+    package nonisolated func dataKeys() -> [DataKey] {
+        let state = self.state
+        let roster = state.roster(of: groupID)
+        let key = deviceKey
+        let group = groupID
+        return Self.envelopes(in: state).compactMap { envelope in
+            guard envelope.recipient == key.deviceID, roster.role(of: envelope.sender) == .admin,
+                  let sender = roster.devices[envelope.sender], envelope.isSigned(by: sender.publicKey) else { return nil }
+            return try? envelope.open(with: key, group: group)
+        }
+    }
+
+    /// The key to seal with now: the newest epoch's (of two keys of one epoch — two admins
+    /// started it at once — the one with the lower key ID, on every device alike). Nil until an
+    /// admin delivered one to this device.
+    package nonisolated func currentDataKey() -> DataKey? {
+        // "Comes before" = an older epoch, or the same epoch with a higher key ID.
+        dataKeys().max { a, b in a.epoch != b.epoch ? a.epoch < b.epoch : b.id.lexicographicallyPrecedes(a.id) }
+    }
+
+    /// Starts a new epoch (admins only): a new data key, sealed to every active device, this
+    /// one included; devices that are not active (removed) get none. Returns the epoch.
+    @discardableResult
+    package func rotateDataKey() async throws(ReplicaError) -> UInt64 {
+        try await ReplicaError.wrapping {
+            let group = groupID
+            let me = deviceKey
+            var epoch: UInt64 = 0
+            try await commit { state in
+                let roster = state.roster(of: group)
+                guard roster.role(of: me.deviceID) == .admin else {
+                    throw DeviceAdministrationError.notAdmin(role: roster.role(of: me.deviceID)?.description ?? "device still joining")
+                }
+                epoch = (Self.envelopes(in: state).map(\.epoch).max()).map { $0 + 1 } ?? 0
+                let key = DataKey.generate(epoch: epoch)
+                return try Self.writeEnvelopes(key, to: roster.activeDevices.map(\.publicKey), group: group, by: me, into: &state)
+            }
+            return epoch
+        }
+    }
+
+    /// Delivers the current data key to every active device that has no envelope of its epoch
+    /// (a device admitted since it began). Admins only; returns how many envelopes it wrote.
+    @discardableResult
+    package func deliverDataKeys() async throws(ReplicaError) -> Int {
+        guard let key = currentDataKey() else { return 0 }
+        return try await ReplicaError.wrapping {
+            let group = groupID
+            let me = deviceKey
+            var written = 0
+            try await commit { state in
+                let roster = state.roster(of: group)
+                guard roster.role(of: me.deviceID) == .admin else {
+                    throw DeviceAdministrationError.notAdmin(role: roster.role(of: me.deviceID)?.description ?? "device still joining")
+                }
+                let served = Set(Self.envelopes(in: state).filter { $0.epoch == key.epoch }.map(\.recipient))
+                let missing = roster.activeDevices.filter { !served.contains($0.id) }.map(\.publicKey)
+                written = missing.count
+                guard !missing.isEmpty else { return nil }
+                return try Self.writeEnvelopes(key, to: missing, group: group, by: me, into: &state)
+            }
+            return written
+        }
+    }
+
+    /// Every well-formed envelope of the group in `state`.
+    static func envelopes(in state: ReplicaState) -> [KeyEnvelope] {
+        state.records.records(in: keyCollection).compactMap { _, record in
+            guard record.isVisible, case .bytes(let bytes)? = record.fields["e"]?.value else { return nil }
+            return try? KeyEnvelope(bytes: bytes)
+        }
+    }
+
+    /// Writes envelopes of `key` to `recipients` as `_keys` records; returns the joined delta.
+    private static func writeEnvelopes(_ key: DataKey, to recipients: [DevicePublicKey], group: GroupID, by sender: DeviceKey,
+                                       into state: inout ReplicaState) throws -> RecordMap? {
+        var delta: RecordMap?
+        for recipient in recipients {
+            let envelope = try KeyEnvelope.seal(key, group: group, to: recipient, by: sender)
+            let change = state.write(["e": .bytes(envelope.bytes)], to: RecordKey(collection: keyCollection, id: envelope.recordID))
+            if delta == nil { delta = change } else { delta!.merge(change) }
+        }
+        return delta
+    }
+}
