@@ -67,6 +67,15 @@ let package = Package(
             name: "PeerSyncSeal",
             dependencies: ["PeerSyncCRDT", "PeerSyncIdentity", .product(name: "Crypto", package: "swift-crypto")]
         ),
+        // The relay (issue 33): its messages, its decisions per group (pure), its storage behind
+        // one protocol (SQLite through GRDB) and the service that serves groups. No NIO: the
+        // network listener is PeerSyncNetwork's.
+        .target(
+            name: "PeerSyncRelay",
+            dependencies: ["PeerSyncCRDT", "PeerSyncIdentity", "PeerSyncSeal", "PeerSyncWire", "PeerSyncReplication",
+                           .product(name: "GRDB", package: "GRDB.swift"), .product(name: "Crypto", package: "swift-crypto"),
+                           .product(name: "Logging", package: "swift-log")]
+        ),
         // Replication: the pure core (sessions as state machines) and the replicator that runs it
         // over any transport. No NIO here: a transport is bytes in, bytes out.
         .target(
@@ -81,7 +90,7 @@ let package = Package(
         .target(
             name: "PeerSyncNetwork",
             dependencies: [
-                "PeerSyncCRDT", "PeerSyncWire", "PeerSyncIdentity", "PeerSyncReplication",
+                "PeerSyncCRDT", "PeerSyncWire", "PeerSyncIdentity", "PeerSyncReplication", "PeerSyncRelay",
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOTLS", package: "swift-nio"),
@@ -93,7 +102,7 @@ let package = Package(
         .target(
             name: "PeerSync",
             dependencies: ["PeerSyncCRDT", "PeerSyncModel", "PeerSyncStore", "PeerSyncWire", "PeerSyncReplication", "PeerSyncNetwork", "PeerSyncDiscovery",
-                           "PeerSyncIdentity", "PeerSyncSeal",
+                           "PeerSyncIdentity", "PeerSyncSeal", "PeerSyncRelay",
                            .product(name: "Logging", package: "swift-log")]
         ),
         // The ShiftScheduler demo app's records (ShiftType, Location) and the JSON export/import
@@ -195,7 +204,8 @@ let package = Package(
         .testTarget(
             name: "PeerSyncAppTests",
             dependencies: ["PeerSync", "PeerSyncWire", "PeerSyncTestSupport", "PeerSyncAppTestSupport", "ShiftSchedulerModel", "peersync-app-child",
-                           .product(name: "Logging", package: "swift-log"), .product(name: "Crypto", package: "swift-crypto"), "PeerSyncSeal"]
+                           .product(name: "Logging", package: "swift-log"), .product(name: "Crypto", package: "swift-crypto"), "PeerSyncSeal",
+                           "PeerSyncRelay", "PeerSyncNetwork", "PeerSyncReplication"]
         ),
         .executableTarget(
             name: "peersync-discovery-probe",

@@ -80,6 +80,26 @@ extension Replica {
         }
     }
 
+    /// Keeps envelopes a relay delivered (outside the sealed blobs: a device needs its key to
+    /// open them) as `_keys` records, so they count like those that came by sync and travel on
+    /// to peers. Returns how many were new.
+    @discardableResult
+    package func storeKeyEnvelopes(_ envelopes: [KeyEnvelope]) async throws -> Int {
+        let held = Set(Self.envelopes(in: state).map(\.bytes))
+        let group = groupID
+        let new = envelopes.filter { $0.groupID == group && !held.contains($0.bytes) }
+        guard !new.isEmpty else { return 0 }
+        try await commit { state in
+            var delta: RecordMap?
+            for envelope in new {
+                let change = state.write(["e": .bytes(envelope.bytes)], to: RecordKey(collection: Self.keyCollection, id: envelope.recordID))
+                if delta == nil { delta = change } else { delta!.merge(change) }
+            }
+            return delta
+        }
+        return new.count
+    }
+
     /// Every well-formed envelope of the group in `state`.
     static func envelopes(in state: ReplicaState) -> [KeyEnvelope] {
         state.records.records(in: keyCollection).compactMap { _, record in

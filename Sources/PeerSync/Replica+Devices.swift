@@ -305,7 +305,7 @@ extension Replica {
     }
 
     /// Writes a roster entry signed by this device, after checking it has the right.
-    private func writeRosterEntry(adminOnly: Bool, _ build: (Roster, RosterEntryContext, ReplicaState) throws -> RosterEntry) async throws {
+    func writeRosterEntry(adminOnly: Bool, _ build: (Roster, RosterEntryContext, ReplicaState) throws -> RosterEntry) async throws {
         let key = deviceKey
         let group = groupID
         try await commit { state in

@@ -38,6 +38,9 @@ public actor Replica {
     var currentNode: SyncNode? { node }
     private var discovery: PeerDiscovery?
     private var tasks: [Task<Void, Never>] = []
+    /// Sessions with relays (``SyncConfiguration/relays``) and the tasks running them.
+    var relayLinks: [RelayLink] = []
+    var relayTasks: [Task<Void, Never>] = []
     private(set) var status = SyncStatus.disabled
     /// This device's removal as sync learned it; while set, the sync status says so (Replica+Devices.swift).
     var removalNoted: RemovalNotice?
@@ -291,6 +294,7 @@ public actor Replica {
         // which in a quiet group never comes. (Only if something deleted is held: nothing else
         // for a step to do.)
         if store.state.records.invisibleRecordCount > 0 { scheduleCompaction() }
+        startRelays(configuration)
         guard configuration.usesTCP else { return 0 }
         let node = try SyncNode(replicator: replicator, logger: logger)
         self.node = node
@@ -371,6 +375,7 @@ public actor Replica {
         discovery = nil
         for task in tasks { task.cancel() }
         tasks = []
+        await stopRelays()
         if let node { await node.stop() } else { await replicator?.shutdown() }
         peerNames = [:]
         setStatus(.disabled)

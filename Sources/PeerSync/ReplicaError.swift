@@ -39,11 +39,14 @@ public enum ReplicaError: Error, Sendable, Equatable, CustomStringConvertible {
     /// The text names the record, the fields and who changed them; write the fields the app
     /// changed with ``Replica/update(_:id:_:)`` or ``Replica/save(_:editedFrom:)``.
     case staleCopy(String)
+    /// A relay could not be enrolled or used: unreachable, another relay than its code names, a
+    /// wrong code, or a refusal (quota, not a member). The text says which and what to do.
+    case relay(String)
 
     public var description: String {
         switch self {
         case .storage(let detail), .deviceKey(let detail), .invalidRecord(let detail), .attachment(let detail),
-             .network(let detail), .recordNotFound(let detail), .staleCopy(let detail): detail
+             .network(let detail), .recordNotFound(let detail), .staleCopy(let detail), .relay(let detail): detail
         case .deviceAdministration(let error): error.description
         case .batchClosed: "a batch was used after its closure returned; make every write inside the closure given to batch { … }"
         }

@@ -46,6 +46,8 @@ public struct DeviceID: Hashable, Comparable, Sendable, CustomStringConvertible 
     }
 
     /// The device ID of the P-256 key of `certificate`.
+    ///
+    /// (``DevicePublicKey/init(certificateDER:)`` gives the key itself.)
     package init(certificate: Certificate) throws(DeviceIDError) {
         guard let key = P256.Signing.PublicKey(certificate.publicKey) else {
             throw .notP256
@@ -107,5 +109,19 @@ package enum DeviceIDParseError: Error, Equatable, CustomStringConvertible {
         case let .wrongLength(found):
             "invalid device ID: expected 32 characters (8 groups of 4), found \(found)"
         }
+    }
+}
+
+extension DevicePublicKey {
+    /// The P-256 key a DER certificate certifies (a relay's, read from its TLS certificate).
+    package init(certificateDER: [UInt8]) throws(DeviceIDError) {
+        let certificate: Certificate
+        do {
+            certificate = try Certificate(derEncoded: certificateDER)
+        } catch {
+            throw .notACertificate("\(error)")
+        }
+        guard let key = P256.Signing.PublicKey(certificate.publicKey) else { throw .notP256 }
+        self.init(key)
     }
 }

@@ -125,6 +125,9 @@ public struct SyncTiming: Sendable, Equatable {
     /// An attachment range request unanswered for this long is asked again (of another peer
     /// if there is one).
     public var attachmentRequestTimeout: Duration = .seconds(30)
+    /// How long a relay may show a writer's head without the counters below it before the
+    /// device reports that the relay withholds them (docs/RELAY.md).
+    public var relayWithholdingBound: Duration = .seconds(30)
 
     public init() {}
 }
@@ -170,6 +173,17 @@ public struct SyncLimits: Sendable, Equatable {
     /// Attachment range reads a peer may have outstanding here; requests beyond are answered
     /// `attachmentUnavailable`.
     public var attachmentServesPerSession: Int = 8
+    /// A relay's bytes stored per group (docs/RELAY.md): uploads beyond are refused, one line
+    /// each, and nothing stored is lost.
+    public var relayGroupBytes: Int = 256 << 20
+    /// A relay's blobs stored per group.
+    public var relayGroupBlobs: Int = 200_000
+    /// A relay's connections per group at once.
+    public var relayGroupConnections: Int = 64
+    /// Groups one relay serves.
+    public var relayGroups: Int = 1000
+    /// Connections one relay holds at once (strangers included, until refused).
+    public var relayConnections: Int = 4096
 
     public init() {}
 }
@@ -190,6 +204,9 @@ public struct SyncConfiguration: Sendable {
     public var listen: PeerAddress?
     /// Peers to dial and redial, for networks without multicast.
     public var peers: [PeerAddress]
+    /// Relays of the group to dial and redial (outbound only: a device behind NAT needs no open
+    /// port). A relay must be enrolled first (``Replica/enrolRelay(at:code:)``).
+    public var relays: [PeerAddress] = []
     /// Advertise and find peers of the group on the LAN with DNS-SD.
     public var discovery: Bool
     /// The name peers see; nil uses the replica's name.
@@ -211,11 +228,13 @@ public struct SyncConfiguration: Sendable {
     public init(
         security: SessionSecurity, listen: PeerAddress? = PeerAddress(host: "0.0.0.0", port: 0), peers: [PeerAddress] = [],
         discovery: Bool = false, name: String? = nil, timing: SyncTiming = SyncTiming(), limits: SyncLimits = SyncLimits(),
-        transfer: TransferMode = .deltas, wallClock: @escaping @Sendable () -> UInt64 = HybridLogicalClock.wallClock
+        transfer: TransferMode = .deltas, relays: [PeerAddress] = [],
+        wallClock: @escaping @Sendable () -> UInt64 = HybridLogicalClock.wallClock
     ) {
         self.security = security
         self.listen = listen
         self.peers = peers
+        self.relays = relays
         self.discovery = discovery
         self.name = name
         self.timing = timing

@@ -58,51 +58,52 @@ package enum SealError: Error, Equatable, CustomStringConvertible {
 }
 
 /// Appends bytes in the formats' byte order.
-struct SealWriter {
-    var bytes: [UInt8] = []
+package struct SealWriter {
+    package init() {}
+    package var bytes: [UInt8] = []
 
-    mutating func byte(_ value: UInt8) { bytes.append(value) }
-    mutating func varint(_ value: UInt64) { Varint.append(value, to: &bytes) }
-    mutating func raw(_ value: some Sequence<UInt8>) { bytes.append(contentsOf: value) }
-    mutating func lengthPrefixed(_ value: [UInt8]) {
+    package mutating func byte(_ value: UInt8) { bytes.append(value) }
+    package mutating func varint(_ value: UInt64) { Varint.append(value, to: &bytes) }
+    package mutating func raw(_ value: some Sequence<UInt8>) { bytes.append(contentsOf: value) }
+    package mutating func lengthPrefixed(_ value: [UInt8]) {
         varint(UInt64(value.count))
         raw(value)
     }
 }
 
 /// Reads the formats' fields, failing with ``SealError/malformed(_:)``.
-struct SealReader {
+package struct SealReader {
     var reader: ByteReader
     let what: String
 
-    init(_ bytes: [UInt8], what: String) {
+    package init(_ bytes: [UInt8], what: String) {
         reader = ByteReader(bytes)
         self.what = what
     }
 
-    mutating func byte(_ field: String) throws(SealError) -> UInt8 {
+    package mutating func byte(_ field: String) throws(SealError) -> UInt8 {
         guard let value = reader.readByte() else { throw .malformed("\(what): truncated at \(field)") }
         return value
     }
 
-    mutating func varint(_ field: String) throws(SealError) -> UInt64 {
+    package mutating func varint(_ field: String) throws(SealError) -> UInt64 {
         let start = reader.offset
         guard let value = reader.readVarint() else { throw .malformed("\(what): truncated \(field)") }
         guard reader.offset - start == Varint.size(of: value) else { throw .malformed("\(what): \(field) is not minimally encoded") }
         return value
     }
 
-    mutating func raw(_ count: Int, _ field: String) throws(SealError) -> [UInt8] {
+    package mutating func raw(_ count: Int, _ field: String) throws(SealError) -> [UInt8] {
         guard let value = reader.readBytes(count) else { throw .malformed("\(what): truncated \(field)") }
         return Array(value)
     }
 
-    mutating func lengthPrefixed(_ field: String, max: Int) throws(SealError) -> [UInt8] {
+    package mutating func lengthPrefixed(_ field: String, max: Int) throws(SealError) -> [UInt8] {
         let count = try varint(field + " length")
         guard count <= UInt64(max) else { throw .malformed("\(what): \(field) of \(count) bytes (at most \(max))") }
         return try raw(Int(count), field)
     }
 
-    var offset: Int { reader.offset }
-    var isAtEnd: Bool { reader.isAtEnd }
+    package var offset: Int { reader.offset }
+    package var isAtEnd: Bool { reader.isAtEnd }
 }

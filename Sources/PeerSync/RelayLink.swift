@@ -1,0 +1,278 @@
+import Foundation
+import Logging
+@_spi(Engine) import PeerSyncCRDT
+import PeerSyncIdentity
+import PeerSyncNetwork
+import PeerSyncRelay
+import PeerSyncReplication
+import PeerSyncSeal
+import PeerSyncStore
+
+/// One relay as this device sees it (``Replica/relayStatus()``, `peersync status`).
+public struct RelayStatus: Sendable, Equatable {
+    /// Where the device dials it.
+    public var address: String
+    /// The relay's device ID (short form) once a session reached it.
+    public var relay: String?
+    /// A session is up and the relay has answered what this device lacks.
+    public var connected = false
+    /// When the relay last confirmed an upload as stored.
+    public var lastUpload: Date?
+    /// Counters this device holds that the relay has not confirmed yet (all writers).
+    public var pending: UInt64 = 0
+    /// What the relay shows it holds but has not delivered within the bound, one line each
+    /// ("writer W's counters n–m"); a direct session with that writer heals it.
+    public var withheld: [String] = []
+    /// Blobs from this relay refused (altered, replayed, re-attributed, undecryptable), with
+    /// the last reason.
+    public var refusedBlobs = 0
+    /// The last error or refusal, if the session is not up.
+    public var lastError: String?
+}
+
+/// The device's session with one relay, redialed with backoff while sync runs: hello, an
+/// admin's member list, what the device lacks fetched and applied, what the relay lacks sealed
+/// and uploaded, live blobs both ways, keepalive and the withholding watch (docs/RELAY.md). The
+/// decisions are ``RelayLedger``'s; this actor carries them out.
+actor RelayLink {
+    let address: PeerAddress
+    private let replica: Replica
+    private let timing: SyncTiming
+    private let logger: Logger
+    private var ledger = RelayLedger()
+    private(set) var status: RelayStatus
+    private var lastHeard = ContinuousClock.now
+    private let started = ContinuousClock.now
+    private var sentMembers: [DevicePublicKey: DeviceRole]?
+    private var heldSequence: UInt64 = 0
+    private var quotaPauseUntil: ContinuousClock.Instant?
+    private var reported: Set<String> = []
+    private var wake: AsyncStream<Void>.Continuation?
+    /// A blob was refused for want of its data key (asked again when keys arrive).
+    private var lackedKey = false
+    /// Envelopes given to the relay in this session.
+    private var sentEnvelopes: Set<[UInt8]> = []
+
+    init(replica: Replica, address: PeerAddress, timing: SyncTiming, logger: Logger) {
+        self.replica = replica
+        self.address = address
+        self.timing = timing
+        self.logger = logger
+        status = RelayStatus(address: address.description)
+    }
+
+    /// Dials and runs sessions until cancelled.
+    func run() async {
+        var failures = 0
+        while !Task.isCancelled {
+            let began = ContinuousClock.now
+            do {
+                try await session()
+                status.lastError = nil
+            } catch {
+                if Task.isCancelled { break }
+                let text = "\(error)"
+                if status.lastError != text { logger.warning("relay session ended", metadata: ["relay.address": "\(address)", "error": "\(text)"]) }
+                status.lastError = text
+            }
+            status.connected = false
+            if Task.isCancelled { break }
+            failures = ContinuousClock.now - began > .seconds(10) ? 1 : failures + 1
+            let backoff = min(timing.reconnectBackoff.max, timing.reconnectBackoff.first * (1 << min(failures, 10)))
+            try? await Task.sleep(for: backoff)
+        }
+    }
+
+    private func session() async throws {
+        let replica = self.replica
+        let group = replica.groupID
+        try await RelayDial.run(address, key: replica.deviceKey, expecting: nil, timing: timing) { relayKey, reader, writer in
+            // A relay this device has not heard of yet is fine (it learns the roster entry through
+            // the relay itself; a relay can read and forge nothing); one the roster names as
+            // anything else, or removed, is not.
+            if let known = replica.roster().devices[relayKey.deviceID], !(known.isActive && known.role == .relay) {
+                throw ReplicaError.relay("the device at \(address) (\(relayKey.deviceID.shortForm)) is not a relay of this group (removed, or a device); remove it from the relays to dial")
+            }
+            status.relay = relayKey.deviceID.shortForm
+            try await writer.write(RelayMessage.hello(group: group, members: nil, enrolSecret: nil).frame)
+            let (stream, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+            wake = continuation
+            defer { continuation.finish() }
+            try await withThrowingTaskGroup(of: Void.self) { tasks in
+                tasks.addTask { try await self.uploadLoop(writer, wakes: stream) }
+                tasks.addTask { try await self.tickLoop(writer) }
+                defer { tasks.cancelAll() }
+                while let frames = try await reader.next() {
+                    try await self.handle(frames, writer: writer)
+                }
+                throw ReplicaError.relay("the relay closed the connection")
+            }
+        }
+    }
+
+    // MARK: - Receiving
+
+    private func handle(_ frames: [(type: UInt8, body: [UInt8])], writer: RelayDial.Writer) async throws {
+        lastHeard = .now
+        var blobs: [SealedBlob] = []
+        for frame in frames {
+            let message: RelayMessage
+            do {
+                message = try RelayMessage.decode(type: frame.type, body: frame.body)
+            } catch {
+                status.refusedBlobs += 1
+                logger.warning("relay sent a malformed message", metadata: ["relay.address": "\(address)", "error": "\(error)"])
+                continue
+            }
+            switch message {
+            case .welcome(let members, _, _, let covered):
+                ledger.welcomed(covered: covered)
+                sentEnvelopes = []
+                heldSequence = members.sequence
+                sentMembers = members.members
+                try await offerMembers(writer)
+                try await writer.write(RelayMessage.want(replica.state.records.context.versionVector).frame)
+            case .blob(let blob):
+                blobs.append(blob)
+            case .stored(let replicaID, let last, let snapshot):
+                if !snapshot { ledger.stored(replicaID, through: last) }
+                status.lastUpload = Date()
+            case .caughtUp:
+                try applyBlobs(&blobs)
+                ledger.answeredWant()
+                status.connected = true
+                status.lastError = nil
+                logger.info("relay caught up", metadata: ["relay.address": "\(address)"])
+            case .notice(let reason, let text):
+                logger.warning("relay refused an upload", metadata: ["relay.address": "\(address)", "reason": "\(reason)", "detail": "\(text)"])
+                status.lastError = "\(reason): \(text)"
+                if reason == .overBytes || reason == .overBlobs {
+                    ledger.refusedUploads()
+                    quotaPauseUntil = .now + timing.reconnectBackoff.max
+                }
+            case .refused(let reason, let text):
+                try applyBlobs(&blobs)
+                throw ReplicaError.relay("the relay at \(address) refused: \(reason): \(text)")
+            case .ping(let nonce):
+                try await writer.write(RelayMessage.pong(nonce).frame)
+            case .pong:
+                break
+            case .keys(let envelopes):
+                try applyBlobs(&blobs)
+                if try await replica.storeKeyEnvelopes(envelopes) > 0, lackedKey {
+                    // Blobs refused for want of this key: ask again.
+                    lackedKey = false
+                    try await writer.write(RelayMessage.want(replica.state.records.context.versionVector).frame)
+                }
+            case .hello, .upload, .want, .members:
+                logger.warning("relay sent a device's message", metadata: ["relay.address": "\(address)"])
+            }
+        }
+        try applyBlobs(&blobs)
+        wake?.yield()
+    }
+
+    private func applyBlobs(_ blobs: inout [SealedBlob]) throws {
+        guard !blobs.isEmpty else { return }
+        defer { blobs = [] }
+        let relay = "relay \(status.relay ?? address.description)"
+        let (applied, refused) = try replica.applyRelayBlobs(blobs, relay: relay, maxClockSkew: timing.maxClockSkew)
+        for blob in applied {
+            ledger.received(replica: blob.replica, first: blob.firstCounter, last: blob.lastCounter, head: blob.head, covers: blob.covers)
+        }
+        for reason in refused {
+            if reason.contains("does not hold") { lackedKey = true }
+            status.refusedBlobs += 1
+            // The watchdog names the relay that sent it.
+            logger.warning("refused a blob from \(relay)", metadata: ["relay.address": "\(address)", "reason": "\(reason)"])
+        }
+    }
+
+    // MARK: - Sending
+
+    /// An admin sends a newer member list when the roster's differs from the relay's, and
+    /// delivers the data key to devices admitted since.
+    private func offerMembers(_ writer: RelayDial.Writer) async throws {
+        guard replica.roster().role(of: replica.deviceID) == .admin else { return }
+        let members = replica.relayMemberList()
+        guard members != sentMembers else { return }
+        heldSequence += 1
+        let statement = RelayMembers.sign(group: replica.groupID, sequence: heldSequence, members: members, by: replica.deviceKey)
+        try await writer.write(RelayMessage.members(statement).frame)
+        sentMembers = members
+        _ = try? await replica.deliverDataKeys()
+    }
+
+    private func uploadLoop(_ writer: RelayDial.Writer, wakes: AsyncStream<Void>) async throws {
+        let subscription = replica.store.commits.subscribe(CommitInterest(collections: nil))
+        defer { subscription.cancel() }
+        let changes = Task { [weak self] in
+            while await subscription.waitForChanges() {
+                _ = subscription.drain()
+                await self?.poke()
+            }
+        }
+        defer { changes.cancel() }
+        for await _ in wakes {
+            try Task.checkCancellation()
+            try await offerMembers(writer)
+            try await offerEnvelopes(writer)
+            try await uploadWhatTheRelayLacks(writer)
+        }
+    }
+
+    private func poke() { wake?.yield() }
+
+    /// Gives the relay the key envelopes this device holds that it has not given yet (the
+    /// relay keeps those an admin signed, for devices that never meet the admin).
+    private func offerEnvelopes(_ writer: RelayDial.Writer) async throws {
+        let new = Replica.envelopes(in: replica.state).filter { !sentEnvelopes.contains($0.bytes) }
+        guard !new.isEmpty else { return }
+        for start in stride(from: 0, to: new.count, by: 1024) {
+            try await writer.write(RelayMessage.keys(Array(new[start..<min(start + 1024, new.count)])).frame)
+        }
+        sentEnvelopes.formUnion(new.map(\.bytes))
+    }
+
+    private func uploadWhatTheRelayLacks(_ writer: RelayDial.Writer) async throws {
+        if let pause = quotaPauseUntil, ContinuousClock.now < pause { return }
+        quotaPauseUntil = nil
+        let held = replica.state.records.context.versionVector
+        for (replicaID, after) in ledger.uploads(held: held) {
+            guard let (blob, last) = try replica.sealEvents(of: replicaID, after: after) else { continue }
+            ledger.uploading(replicaID, through: last)
+            try await writer.write(RelayMessage.upload(blob).frame)
+        }
+        status.pending = held.reduce(0) { total, entry in total + entry.value - min(entry.value, ledger.relayHolds[entry.key, default: 0]) }
+    }
+
+    /// Uploads a snapshot now (after compaction, or when the relay holds many blobs).
+    func snapshotRequested() { snapshotWanted = true; wake?.yield() }
+    private var snapshotWanted = false
+
+    private func tickLoop(_ writer: RelayDial.Writer) async throws {
+        var nonce: UInt64 = 0
+        while !Task.isCancelled {
+            try await Task.sleep(for: timing.keepaliveInterval)
+            nonce += 1
+            try await writer.write(RelayMessage.ping(nonce).frame)
+            if try await tick(writer) { writer.close() }
+        }
+    }
+
+    /// Checks liveness and withholding; true if the relay has been silent too long.
+    private func tick(_ writer: RelayDial.Writer) async throws -> Bool {
+        if snapshotWanted, let snapshot = try replica.sealSnapshot() {
+            snapshotWanted = false
+            try await writer.write(RelayMessage.upload(snapshot).frame)
+        }
+        let held = replica.state.records.context.versionVector
+        let found = ledger.withheld(held: held, now: ContinuousClock.now - started, bound: timing.relayWithholdingBound)
+        status.withheld = found.map(\.description)
+        for finding in found where reported.insert(finding.description).inserted {
+            logger.warning("relay \(status.relay ?? address.description) withholds \(finding)", metadata: ["relay.address": "\(address)"])
+        }
+        wake?.yield()
+        return ContinuousClock.now - lastHeard > timing.deadPeerTimeout * 3
+    }
+}

@@ -1,0 +1,211 @@
+import Foundation
+@_spi(Engine) import PeerSyncCRDT
+import PeerSyncIdentity
+import PeerSyncModel
+import PeerSyncNetwork
+import PeerSyncRelay
+import PeerSyncReplication
+import PeerSyncSeal
+import PeerSyncStore
+import PeerSyncWire
+
+// A device's side of relays (issue 33, docs/RELAY.md): enrolling one, sealing what the relay
+// lacks, opening and admitting what it sends. The session itself is ``RelayLink``'s.
+extension Replica {
+    /// The member list a relay should hold for this group now: active devices and relays by
+    /// key and role, no names (PROTOCOL §20.3).
+    package nonisolated func relayMemberList() -> [DevicePublicKey: DeviceRole] {
+        let roster = self.roster()
+        var members: [DevicePublicKey: DeviceRole] = [:]
+        for device in roster.activeDevices { members[device.publicKey] = device.role }
+        for relay in roster.relays { members[relay.publicKey] = .relay }
+        return members
+    }
+
+    /// Enrols the relay whose operator gave `code` (`PSL-…`, printed by `peersync relay`),
+    /// reachable at `address`, in this group (admins only): the relay's key joins the roster as
+    /// a relay (signed like any entry, so every device learns it), the group gets a data key if
+    /// it has none, and the relay takes the group's member list. Devices then reach it when
+    /// their ``SyncConfiguration/relays`` name it. Returns the relay's device ID (human form).
+    @discardableResult
+    public func enrolRelay(at address: PeerAddress, code: String) async throws(ReplicaError) -> String {
+        try await ReplicaError.wrapping(otherwise: ReplicaError.relay) {
+            let code = try RelayCode(parsing: code)
+            guard roster().role(of: deviceID) == .admin else {
+                throw DeviceAdministrationError.notAdmin(role: roster().role(of: deviceID)?.description ?? "device still joining")
+            }
+            let key = deviceKey
+            let group = groupID
+            do {
+                try await RelayDial.run(address, key: key, expecting: code.relay) { relayKey, reader, writer in
+                    if roster().role(of: relayKey.deviceID) != .relay {
+                        try await writeRosterEntry(adminOnly: true) { _, context, _ in
+                            try RosterEntry.make(.add(device: relayKey, name: "relay \(address)", role: .relay), context: context, signer: key)
+                        }
+                    }
+                    if currentDataKey() == nil { try await rotateDataKey() }
+                    let members = RelayMembers.sign(group: group, sequence: 1, members: relayMemberList(), by: key)
+                    try await writer.write(RelayMessage.hello(group: group, members: members, enrolSecret: code.secret).frame)
+                    let answer = try await Self.nextMessage(&reader)
+                    switch answer {
+                    case .welcome: writer.close()
+                    case .refused(let reason, let text): throw ReplicaError.relay("the relay at \(address) refused: \(reason): \(text)")
+                    default: throw ReplicaError.relay("the relay at \(address) answered \(answer.kind) to hello")
+                    }
+                }
+            } catch let error as ReplicaError {
+                throw error
+            } catch {
+                throw ReplicaError.relay("cannot reach the relay at \(address) as the device its code names (\(code.relay.shortForm)): \(error)")
+            }
+            logger.info("relay enrolled", metadata: ["relay": "\(code.relay.shortForm)", "relay.address": "\(address)"])
+            return code.relay.humanForm
+        }
+    }
+
+    /// The first message of the relay's answer to a hello (the relay sends nothing else until
+    /// the device asks); throws at the connection's end.
+    nonisolated(nonsending) static func nextMessage(_ reader: inout RelayDial.Reader) async throws -> RelayMessage {
+        guard let frames = try await reader.next(), let first = frames.first else {
+            throw ReplicaError.relay("the relay closed the connection")
+        }
+        return try RelayMessage.decode(type: first.type, body: first.body)
+    }
+
+    /// The data key a blob names, if this device holds it.
+    nonisolated func dataKey(for blob: SealedBlob) -> DataKey? {
+        dataKeys().first { $0.epoch == blob.epoch && $0.id == blob.keyID }
+    }
+
+    /// Most plaintext bytes one sealed blob carries (a relay frame stays under the frame limit).
+    static let relayBlobTarget = 1 << 20
+
+    /// `replica`'s events after `counter`, sealed with the current data key and signed by this
+    /// device (at most ``relayBlobTarget`` bytes: a long run is split, the first part returned).
+    /// Nil if there is nothing to seal or no data key yet.
+    package nonisolated func sealEvents(of replica: ReplicaID, after counter: UInt64) throws -> (blob: SealedBlob, last: UInt64)? {
+        guard let key = currentDataKey() else { return nil }
+        let records = store.state.records
+        guard var (delta, last) = records.events(of: replica, after: counter) else { return nil }
+        var plaintext = Self.relayPlaintext(delta)
+        // Halve the run until it fits (a first upload of a long history).
+        while plaintext.count > Self.relayBlobTarget, last > counter + 1 {
+            let through = counter + (last - counter) / 2
+            guard let part = records.events(of: replica, after: counter, through: through) else { break }
+            (delta, last) = part
+            plaintext = Self.relayPlaintext(delta)
+        }
+        let head = store.state.records.context.contiguousCounter(of: replica)
+        let blob = try SealedBlob.seal(plaintext, group: groupID, key: key, writer: deviceKey, replica: replica,
+                                       counters: (counter + 1)...last, head: head)
+        return (blob, last)
+    }
+
+    /// A snapshot of the whole state, sealed: a relay drops every blob it covers.
+    package nonisolated func sealSnapshot() throws -> SealedBlob? {
+        guard let key = currentDataKey() else { return nil }
+        let records = store.state.records
+        let own = max(1, records.context.contiguousCounter(of: replicaID))
+        return try SealedBlob.seal(Self.relayPlaintext(records), kind: .snapshot, group: groupID, key: key, writer: deviceKey,
+                                   replica: replicaID, counters: 1...own, head: own, covers: records.context.versionVector)
+    }
+
+    /// A blob's plaintext: varint(base ms) ‖ the delta in the wire encoding, its timestamps
+    /// relative to base (PROTOCOL §20.1).
+    static func relayPlaintext(_ delta: RecordMap) -> [UInt8] {
+        let base = delta.maxTimestamp.physicalMilliseconds
+        var out: [UInt8] = []
+        Varint.append(base, to: &out)
+        out += WireDelta.encode(records: delta.allRecords, context: delta.context, with: WireDictionary(startingAt: base))
+        return out
+    }
+
+    static func relayDelta(_ plaintext: [UInt8]) throws -> RecordMap {
+        var reader = ByteReader(plaintext)
+        guard let base = reader.readVarint() else { throw SealError.malformed("sealed blob: plaintext without its base time") }
+        return try WireDelta.decode(Array(plaintext[reader.offset...]), with: WireDictionary(startingAt: base))
+    }
+
+    /// Opens, checks and applies blobs a relay sent, in order, as one import (the commit feed
+    /// tells the app and ships them to directly connected peers). Returns one line per blob
+    /// refused — nothing of a refused blob is applied — and the blobs applied.
+    package nonisolated func applyRelayBlobs(_ blobs: [SealedBlob], relay: String, maxClockSkew: Duration) throws -> (applied: [SealedBlob], refused: [String]) {
+        var refused: [String] = []
+        var applied: [SealedBlob] = []
+        var deltas: [RecordMap] = []
+        var origins: [ChangeOrigin] = []
+        var roster = self.roster()
+        for blob in blobs {
+            do {
+                guard blob.groupID == groupID else { throw SealError.notForThis("a blob of another group") }
+                // The signer: any device the roster ever admitted (blobs outlive removals; what a
+                // removed device wrote after its cutoff is stripped below, as in sync).
+                guard let writer = roster.devices[blob.writer], writer.role.isDevice else {
+                    throw SealError.badSignature("signed by \(blob.writer.shortForm), not a device of this group")
+                }
+                guard blob.isSigned(by: writer.publicKey) else {
+                    throw SealError.badSignature("the signature is not \(writer.name)'s (altered, or attributed to another writer)")
+                }
+                guard let key = dataKey(for: blob) else {
+                    throw SealError.cannotOpen("sealed with epoch \(blob.epoch)'s key, which this device does not hold")
+                }
+                let delta = try Self.relayDelta(try blob.open(with: key, group: groupID))
+                if blob.kind == .writes {
+                    // The plaintext must be what the header says: only that replica's counters.
+                    let expected = CausalContext(dots: (blob.firstCounter...blob.lastCounter).map { Dot(replica: blob.replica, counter: $0) })
+                    guard delta.context == expected else { throw SealError.malformed("the blob's events are not the counters its header names") }
+                }
+                if let refusal = DeltaAdmission.refusal(of: delta, now: HybridLogicalClock.wallClock(),
+                                                        maxSkewMilliseconds: UInt64(max(0, maxClockSkew.wholeMilliseconds))) {
+                    throw SealError.notForThis(refusal)
+                }
+                let validation = roster.validate(delta: delta)
+                if let refusal = validation.refused.first { throw SealError.notForThis("roster entry: \(refusal)") }
+                if let replica = delta.unclaimedReplica(roster: validation.roster, known: store.state.context) {
+                    throw SealError.notForThis("writes by replica \(replica.shortDescription), which no device of the group claims")
+                }
+                roster = validation.roster
+                deltas.append(delta.strippingRefused(by: validation.roster)?.delta ?? delta)
+                origins.append(.peer(name: relay, replicaID: blob.replica))
+                applied.append(blob)
+            } catch {
+                refused.append("\(error)")
+            }
+        }
+        if !deltas.isEmpty {
+            _ = try store.applyRemote(deltas, from: "relay:\(relay)", origins: origins)
+        }
+        return (applied, refused)
+    }
+}
+
+extension Replica {
+    /// The relays this device dials (``SyncConfiguration/relays``) and how each is doing: in
+    /// `peersync status` and ``SyncHealth``.
+    public func relayStatus() async -> [RelayStatus] {
+        var statuses: [RelayStatus] = []
+        for link in relayLinks { statuses.append(await link.status) }
+        return statuses
+    }
+
+    /// Asks every relay session to upload a snapshot of the whole state, so the relays drop
+    /// every blob it covers (after compaction, their storage follows the live data).
+    public func uploadRelaySnapshot() async {
+        for link in relayLinks { await link.snapshotRequested() }
+    }
+
+    func startRelays(_ configuration: SyncConfiguration) {
+        for address in configuration.relays {
+            let link = RelayLink(replica: self, address: address, timing: configuration.timing, logger: logger)
+            relayLinks.append(link)
+            relayTasks.append(Task { await link.run() })
+        }
+    }
+
+    func stopRelays() async {
+        for task in relayTasks { task.cancel() }
+        for task in relayTasks { await task.value }
+        relayTasks = []
+        relayLinks = []
+    }
+}
