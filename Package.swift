@@ -112,7 +112,7 @@ let package = Package(
         .executableTarget(
             name: "peersync",
             dependencies: [
-                "PeerSync", "PeerSyncDiscovery", "ShiftSchedulerModel",
+                "PeerSync", "PeerSyncDiscovery", "ShiftSchedulerModel", "PeerSyncRelay", "PeerSyncNetwork", "PeerSyncIdentity",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

@@ -91,7 +91,15 @@ actor RelayLink {
             // the relay itself; a relay can read and forge nothing); one the roster names as
             // anything else, or removed, is not.
             if let known = replica.roster().devices[relayKey.deviceID], !(known.isActive && known.role == .relay) {
-                throw ReplicaError.relay("the device at \(address) (\(relayKey.deviceID.shortForm)) is not a relay of this group (removed, or a device); remove it from the relays to dial")
+                // A relay the group removed: an admin tells it (a member list without it makes it
+                // forget everything it stored for the group).
+                if !known.isActive, known.role == .relay, replica.roster().role(of: replica.deviceID) == .admin {
+                    let members = RelayMembers.sign(group: group, sequence: HybridLogicalClock.wallClock(), members: replica.relayMemberList(),
+                                                    by: replica.deviceKey)
+                    try await writer.write(RelayMessage.hello(group: group, members: members, enrolSecret: nil).frame)
+                    _ = try? await reader.next()
+                }
+                throw ReplicaError.relay("the device at \(address) (\(relayKey.deviceID.shortForm)) is not a relay of this group (removed, or a device); take it out of the relays to dial")
             }
             status.relay = relayKey.deviceID.shortForm
             try await writer.write(RelayMessage.hello(group: group, members: nil, enrolSecret: nil).frame)
@@ -196,7 +204,8 @@ actor RelayLink {
         guard replica.roster().role(of: replica.deviceID) == .admin else { return }
         let members = replica.relayMemberList()
         guard members != sentMembers else { return }
-        heldSequence += 1
+        // Sequences follow the wall clock (ms), so lists of two admins order without coordination.
+        heldSequence = max(heldSequence + 1, HybridLogicalClock.wallClock())
         let statement = RelayMembers.sign(group: replica.groupID, sequence: heldSequence, members: members, by: replica.deviceKey)
         try await writer.write(RelayMessage.members(statement).frame)
         sentMembers = members

@@ -44,7 +44,7 @@ extension Replica {
                         }
                     }
                     if currentDataKey() == nil { try await rotateDataKey() }
-                    let members = RelayMembers.sign(group: group, sequence: 1, members: relayMemberList(), by: key)
+                    let members = RelayMembers.sign(group: group, sequence: HybridLogicalClock.wallClock(), members: relayMemberList(), by: key)
                     try await writer.write(RelayMessage.hello(group: group, members: members, enrolSecret: code.secret).frame)
                     let answer = try await Self.nextMessage(&reader)
                     switch answer {

@@ -73,6 +73,16 @@ struct Status: AsyncParsableCommand {
             print("  peer    \(peer.name) \(peer.replicaID.prefix(8)) at \(peer.address): \(synced)")
         }
         if node.peers.isEmpty { print("  no peers connected") }
+        let formatter = ISO8601DateFormatter()
+        for relay in node.relays ?? [] {
+            var line = "  relay   \(relay.address)" + (relay.relay.map { " (\($0))" } ?? "") + (relay.connected ? ": connected" : ": not connected")
+            line += ", last upload " + (relay.lastUpload.map { formatter.string(from: $0) } ?? "never")
+            line += ", \(relay.pending) counters pending"
+            if relay.refusedBlobs > 0 { line += ", \(relay.refusedBlobs) blobs refused" }
+            if let error = relay.lastError, !relay.connected { line += " — \(error)" }
+            print(line)
+            for withheld in relay.withheld { print("  WITHHELD relay \(relay.relay ?? relay.address) withholds \(withheld)") }
+        }
         if let health = node.health {
             print("  health  \(health.repairs) convergence repairs; refused \(health.refusedConnectionsOverAddress) connections over the "
                 + "per-address limit, \(health.refusedConnectionsOverTotal) over the total, \(health.refusedSessions) sessions")

@@ -18,6 +18,7 @@ struct PeerSyncCommand: AsyncParsableCommand {
         subcommands: [
             Init.self, Join.self, Leave.self, Invite.self, Devices.self, Recovery.self, Run.self, LocationCommand.self, ShiftTypeCommand.self, SettingsCommand.self,
             Status.self, Compact.self, Log.self, Conflicts.self, Watch.self, Export.self, Import.self, BundleCommand.self, Demo.self, Doctor.self,
+            Relay.self, Relays.self,
         ]
     )
 }

@@ -16,6 +16,7 @@ struct Run: AsyncParsableCommand {
     @OptionGroup var options: StoreOptions
     @Option(help: "Address to listen on.") var listen: String = "0.0.0.0:7946"
     @Option(name: .customLong("peer"), help: "A peer to dial, HOST:PORT (repeatable).") var peers: [String] = []
+    @Option(name: .customLong("relay"), help: "A relay of the group to dial, HOST:PORT (repeatable; docs/RELAY.md).") var relays: [String] = []
     @Flag(help: "Do not advertise or look for peers on the LAN (DNS-SD); use only --peer.") var noDiscovery = false
     @Flag(help: "Plain TCP instead of TLS, for debugging only: devices still prove their keys and the roster still admits them, but nothing is encrypted, so anyone on the network can read and change the data in transit.")
     var insecure = false
@@ -29,6 +30,7 @@ struct Run: AsyncParsableCommand {
         guard let level = Logger.Level(rawValue: logLevel) else { throw CLIError("unknown log level \"\(logLevel)\"") }
         let listenAddress = try parseHostPort(listen)
         let peerAddresses = try peers.map(parseHostPort)
+        let relayAddresses = try relays.map(parseHostPort)
         let security: SessionSecurity = insecure ? .insecure : .tls
         LoggingSystem.bootstrap { label in
             var handler = StreamLogHandler.standardError(label: label)
@@ -39,18 +41,18 @@ struct Run: AsyncParsableCommand {
         let replica = try options.openReplica(logger: logger)
         let service = NodeService(
             replica: replica, statusFile: (options.directory as NSString).appendingPathComponent("node.json"),
-            configuration: configuration(security: security, listen: listenAddress, peers: peerAddresses),
+            configuration: configuration(security: security, listen: listenAddress, peers: peerAddresses, relays: relayAddresses),
             insecure: insecure, commands: commands, logger: logger)
         let group = ServiceGroup(services: [service], gracefulShutdownSignals: [.sigterm, .sigint], cancellationSignals: [], logger: logger)
         try await group.run()
     }
 
-    func configuration(security: SessionSecurity, listen: PeerAddress, peers: [PeerAddress]) -> SyncConfiguration {
+    func configuration(security: SessionSecurity, listen: PeerAddress, peers: [PeerAddress], relays: [PeerAddress] = []) -> SyncConfiguration {
         var timing = SyncTiming()
         timing.maxClockSkew = .seconds(maxClockSkew)
         timing.handshakeTimeout = .milliseconds(Int64((limits.handshakeTimeout * 1000).rounded()))
         return SyncConfiguration(security: security, listen: listen, peers: peers, discovery: !noDiscovery, timing: timing,
-                                 limits: limits.syncLimits)
+                                 limits: limits.syncLimits, relays: relays)
     }
 }
 
@@ -177,6 +179,30 @@ struct NodeStatusFile: Codable {
     var limits: Limits?
     /// Set once the node learned that this device was removed (``RemovalNotice``).
     var removal: String?
+    /// The relays the node dials (absent before issue 33).
+    var relays: [RelayEntry]?
+
+    struct RelayEntry: Codable {
+        var address: String
+        var relay: String?
+        var connected: Bool
+        var lastUpload: Date?
+        var pending: UInt64
+        var withheld: [String]
+        var refusedBlobs: Int
+        var lastError: String?
+
+        init(_ status: RelayStatus) {
+            address = status.address
+            relay = status.relay
+            connected = status.connected
+            lastUpload = status.lastUpload
+            pending = status.pending
+            withheld = status.withheld
+            refusedBlobs = status.refusedBlobs
+            lastError = status.lastError
+        }
+    }
 }
 
 struct NodeService: Service {
@@ -236,7 +262,8 @@ struct NodeService: Service {
         let status = NodeStatusFile(pid: getpid(), listen: "\(configuration.listen?.host ?? "-"):\(port)", insecure: insecure,
                                     startedAt: started, updatedAt: Date(), peers: peers,
                                     health: NodeStatusFile.Health(await replica.syncHealth()),
-                                    limits: NodeStatusFile.Limits(configuration), removal: await replica.removal?.description)
+                                    limits: NodeStatusFile.Limits(configuration), removal: await replica.removal?.description,
+                                    relays: await replica.relayStatus().map(NodeStatusFile.RelayEntry.init))
         let encoder = JSONEncoder()
         encoder.dateEncodingStrategy = .iso8601
         guard let data = try? encoder.encode(status) else { return }
