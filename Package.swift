@@ -148,6 +148,7 @@ let package = Package(
         .testTarget(name: "PeerSyncCRDTTests", dependencies: ["PeerSyncCRDT", "PeerSyncTestSupport"]),
         .testTarget(name: "PeerSyncSealTests", dependencies: ["PeerSyncSeal", "PeerSyncIdentity", "PeerSyncCRDT",
                                                                .product(name: "Crypto", package: "swift-crypto")]),
+        .testTarget(name: "PeerSyncRelayTests", dependencies: ["PeerSyncRelay", "PeerSyncSeal", "PeerSyncIdentity", "PeerSyncCRDT", "PeerSyncReplication"]),
         .testTarget(name: "PeerSyncModelTests", dependencies: ["PeerSyncModel", "ShiftSchedulerModel", "PeerSyncCRDT", "PeerSyncTestSupport"]),
         .executableTarget(
             name: "peersync-store-child",
