@@ -80,9 +80,13 @@ extension Replica {
         }
     }
 
+    /// Local settings under this prefix hold envelopes a relay delivered.
+    static let relayEnvelopePrefix = "peersync.relay-envelope."
+
     /// Keeps envelopes a relay delivered (outside the sealed blobs: a device needs its key to
-    /// open them) as `_keys` records, so they count like those that came by sync and travel on
-    /// to peers. Returns how many were new.
+    /// open them) among this device's local settings — not as records: they are the admin's to
+    /// replicate, and a copy written here would be a write of this device's that its peers lack.
+    /// Returns how many were new.
     @discardableResult
     package func storeKeyEnvelopes(_ envelopes: [KeyEnvelope]) async throws -> Int {
         let held = Set(Self.envelopes(in: state).map(\.bytes))
@@ -90,22 +94,25 @@ extension Replica {
         let new = envelopes.filter { $0.groupID == group && !held.contains($0.bytes) }
         guard !new.isEmpty else { return 0 }
         try await commit { state in
-            var delta: RecordMap?
             for envelope in new {
-                let change = state.write(["e": .bytes(envelope.bytes)], to: RecordKey(collection: Self.keyCollection, id: envelope.recordID))
-                if delta == nil { delta = change } else { delta!.merge(change) }
+                _ = state.setSetting(Self.relayEnvelopePrefix + envelope.recordID.uuidString, to: .bytes(envelope.bytes), scope: .local)
             }
-            return delta
+            return nil
         }
         return new.count
     }
 
     /// Every well-formed envelope of the group in `state`.
     static func envelopes(in state: ReplicaState) -> [KeyEnvelope] {
-        state.records.records(in: keyCollection).compactMap { _, record in
+        let replicated = state.records.records(in: keyCollection).compactMap { _, record -> KeyEnvelope? in
             guard record.isVisible, case .bytes(let bytes)? = record.fields["e"]?.value else { return nil }
             return try? KeyEnvelope(bytes: bytes)
         }
+        let delivered = state.localSettings.compactMap { key, value -> KeyEnvelope? in
+            guard key.hasPrefix(relayEnvelopePrefix), case .bytes(let bytes) = value else { return nil }
+            return try? KeyEnvelope(bytes: bytes)
+        }
+        return replicated + delivered
     }
 
     /// Writes envelopes of `key` to `recipients` as `_keys` records; returns the joined delta.
