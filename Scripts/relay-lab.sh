@@ -500,8 +500,12 @@ cmd_run() {
   touch "$D/$MARKER"
   t_start=$(now_ms)
   load_start=$(cut -d' ' -f1-3 /proc/loadavg)
-  trap 'rc=$?; trap - EXIT INT TERM; on_exit $rc' EXIT
-  trap 'log "interrupted"; exit 130' INT TERM
+  # Only the main shell tears down: a subshell ($(...)) that sees the signal or exits just leaves.
+  # A trap runs with the redirections of the command it interrupts (wait_for's >/dev/null), so the
+  # handlers first return to the script's own stdout/stderr, kept as fds 8 and 9.
+  exec 8>&1 9>&2
+  trap 'rc=$?; [ "$BASHPID" = $$ ] || exit $rc; trap - EXIT INT TERM; on_exit $rc' EXIT
+  trap '[ "$BASHPID" = $$ ] || exit 130; exec 1>&8 2>&9; log "interrupted"; exit 130' INT TERM
 
   cp "$SRC_BIN" "$BIN.tmp" && mv "$BIN.tmp" "$BIN"
   "$BIN" relay --help >/dev/null 2>&1 || die "the copied binary ($SRC_BIN) does not run or has no 'relay' command (mid-rebuild?)"
@@ -667,7 +671,8 @@ summary() {
 
 on_exit() {
   local rc=$1
-  exec 7>&- 2>/dev/null || true
+  exec 1>&8 2>&9
+  exec 7>&-   # a1's command input: EOF (the node keeps running until it is stopped)
   say "tearing down"
   teardown || rc=1
   if [ "$rc" = 0 ] && [ "${LAB_KEEP:-0}" != 1 ]; then

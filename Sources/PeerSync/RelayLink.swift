@@ -50,6 +50,10 @@ actor RelayLink {
     private var wake: AsyncStream<Void>.Continuation?
     /// A blob was refused for want of its data key (asked again when keys arrive).
     private var lackedKey = false
+    /// Report times given to the relay in this session, by replica.
+    private var reportsSent: [ReplicaID: UInt64] = [:]
+    /// A relay holding at least this many blobs of the group is sent a snapshot.
+    static let snapshotAboveBlobs: UInt64 = 1_000
     /// Envelopes given to the relay in this session.
     private var sentEnvelopes: Set<[UInt8]> = []
 
@@ -133,9 +137,12 @@ actor RelayLink {
                 continue
             }
             switch message {
-            case .welcome(let members, _, _, let covered):
+            case .welcome(let members, let blobCount, _, let covered):
                 ledger.welcomed(covered: covered)
                 sentEnvelopes = []
+                reportsSent = [:]
+                // A relay holding many blobs gets a snapshot (it then drops what it covers).
+                if blobCount >= Self.snapshotAboveBlobs { snapshotWanted = true }
                 heldSequence = members.sequence
                 sentMembers = members.members
                 try await offerMembers(writer)
@@ -172,12 +179,42 @@ actor RelayLink {
                     lackedKey = false
                     try await writer.write(RelayMessage.want(replica.state.records.context.versionVector).frame)
                 }
+            case .seen(let reports):
+                receiveReports(reports)
             case .hello, .upload, .want, .members:
                 logger.warning("relay sent a device's message", metadata: ["relay.address": "\(address)"])
             }
         }
         try applyBlobs(&blobs)
         wake?.yield()
+    }
+
+    /// Compaction reports from the relay: those the roster lets count are recorded, and a
+    /// compaction step follows if they grew what is known (PROTOCOL §19).
+    private func receiveReports(_ reports: [SeenReport]) {
+        let roster = replica.roster()
+        let valid = reports.filter { if case .valid = $0.verdict(in: roster) { return true } else { return false } }
+        for report in valid where report.time > reportsSent[report.replica] ?? 0 { reportsSent[report.replica] = report.time }
+        guard !valid.isEmpty, let recorded = try? replica.store.recordSeen(valid), recorded.grew else { return }
+        replica.scheduleCompaction()
+    }
+
+    /// Signs this device's report when its context grew, and gives the relay every report it
+    /// was not given yet (its own and those it holds of others).
+    private func offerReports(_ writer: RelayDial.Writer) async throws {
+        let store = replica.store
+        let held = store.seenReports()
+        let own = held.first { $0.replica == replica.replicaID }
+        let context = store.state.records.context
+        if own?.context != context, !context.isEmpty {
+            let report = SeenReport.signed(by: replica.deviceKey, group: replica.groupID, replica: replica.replicaID,
+                                           time: max(HybridLogicalClock.wallClock(), (own?.time ?? 0) + 1), context: context)
+            try store.saveOwnReport(report)
+        }
+        let new = store.seenReports().filter { $0.time > reportsSent[$0.replica] ?? 0 }
+        guard !new.isEmpty else { return }
+        try await writer.write(RelayMessage.seen(new).frame)
+        for report in new { reportsSent[report.replica] = report.time }
     }
 
     private func applyBlobs(_ blobs: inout [SealedBlob]) throws {
@@ -271,6 +308,7 @@ actor RelayLink {
 
     /// Checks liveness and withholding; true if the relay has been silent too long.
     private func tick(_ writer: RelayDial.Writer) async throws -> Bool {
+        if ledger.caughtUp { try await offerReports(writer) }
         if snapshotWanted, let snapshot = try replica.sealSnapshot() {
             snapshotWanted = false
             try await writer.write(RelayMessage.upload(snapshot).frame)

@@ -265,5 +265,8 @@ extension Replica {
     /// Tells the sessions that a compaction step purged records.
     func announceCompaction() async {
         await replicator?.compacted()
+        // Relays get a snapshot of the compacted state and drop every blob it covers: their
+        // storage follows the live data too.
+        await uploadRelaySnapshot()
     }
 }

@@ -19,8 +19,12 @@ package struct RelayGroup: Sendable {
     /// Key envelopes by recipient.
     public private(set) var envelopes: [DeviceID: Set<[UInt8]>] = [:]
 
-    package init(members: RelayMembers, blobs: [StoredBlobInfo] = [], envelopes: [KeyEnvelope] = []) {
+    /// The newest compaction report of each replica.
+    public private(set) var reports: [ReplicaID: SeenReport] = [:]
+
+    package init(members: RelayMembers, blobs: [StoredBlobInfo] = [], envelopes: [KeyEnvelope] = [], reports: [SeenReport] = []) {
         self.members = members
+        for report in reports { self.reports[report.replica] = report }
         for blob in blobs { add(blob) }
         for envelope in envelopes { insertEnvelope(envelope) }
     }
@@ -41,6 +45,22 @@ package struct RelayGroup: Sendable {
 
     package mutating func stored(envelopes new: [KeyEnvelope]) {
         for envelope in new { insertEnvelope(envelope) }
+    }
+
+    /// The reports of `offered` newer than those held, signed by the member they name.
+    package func newReports(_ offered: [SeenReport]) -> [SeenReport] {
+        var newest: [ReplicaID: SeenReport] = [:]
+        for report in offered where report.groupID == members.groupID.bytes {
+            guard report.time > max(reports[report.replica]?.time ?? 0, newest[report.replica]?.time ?? 0),
+                  let device = DeviceID(bytes: report.device), let (key, _) = members.member(device), admits(device),
+                  key.isValidSignature(report.signature, for: SeenReport.signingDomain + report.body) else { continue }
+            newest[report.replica] = report
+        }
+        return Array(newest.values)
+    }
+
+    package mutating func stored(reports new: [SeenReport]) {
+        for report in new { reports[report.replica] = report }
     }
 
     /// The envelopes addressed to `device`.

@@ -61,6 +61,9 @@ package enum RelayMessage: Sendable, Equatable {
     /// made; the relay gives each device, after its welcome and as they arrive, those addressed
     /// to it — outside the sealed blobs, since a device needs its key to open them.
     case keys([KeyEnvelope])
+    /// Both ways: signed compaction reports (PROTOCOL §19.1), so devices that meet only through
+    /// the relay learn what is stable. The relay keeps each replica's newest.
+    case seen([SeenReport])
     case ping(UInt64)
     case pong(UInt64)
     /// Relay → device: the member list it holds (an admin sends a newer one if the roster
@@ -79,7 +82,7 @@ package enum RelayMessage: Sendable, Equatable {
     case notice(RelayRefusal, String)
 
     package enum Kind: UInt8, Sendable {
-        case hello = 64, upload = 65, want = 66, members = 67, ping = 68, pong = 69, keys = 70
+        case hello = 64, upload = 65, want = 66, members = 67, ping = 68, pong = 69, keys = 70, seen = 71
         case welcome = 80, blob = 81, stored = 82, caughtUp = 83, refused = 84, notice = 85
     }
 
@@ -94,6 +97,7 @@ package enum RelayMessage: Sendable, Equatable {
         case .want: .want
         case .members: .members
         case .keys: .keys
+        case .seen: .seen
         case .ping: .ping
         case .pong: .pong
         case .welcome: .welcome
@@ -125,6 +129,9 @@ package enum RelayMessage: Sendable, Equatable {
         case .keys(let envelopes):
             w.varint(UInt64(envelopes.count))
             for envelope in envelopes { w.lengthPrefixed(envelope.bytes) }
+        case .seen(let reports):
+            w.varint(UInt64(reports.count))
+            for report in reports { w.lengthPrefixed(report.bytes) }
         case .ping(let nonce), .pong(let nonce):
             w.varint(nonce)
         case .welcome(let members, let blobs, let bytes, let covered):
@@ -187,6 +194,13 @@ package enum RelayMessage: Sendable, Equatable {
             let count = try r.varint("envelope count")
             guard count <= 4096 else { throw .malformed("relay keys: \(count) envelopes") }
             message = .keys(try (0..<count).map { _ throws(SealError) in try KeyEnvelope(bytes: try r.lengthPrefixed("envelope", max: 1024)) })
+        case .seen:
+            let count = try r.varint("report count")
+            guard count <= 4096 else { throw .malformed("relay seen: \(count) reports") }
+            message = .seen(try (0..<count).map { _ throws(SealError) in
+                let bytes = try r.lengthPrefixed("report", max: 1 << 20)
+                do { return try SeenReport(bytes: bytes) } catch { throw .malformed("relay seen: \(error)") }
+            })
         case .ping: message = .ping(try r.varint("nonce"))
         case .pong: message = .pong(try r.varint("nonce"))
         case .welcome:

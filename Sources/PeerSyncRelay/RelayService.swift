@@ -66,7 +66,8 @@ package actor RelayService {
         self.limits = limits
         self.logger = logger
         for group in try storage.load() {
-            groups[group.members.groupID] = RelayGroup(members: group.members, blobs: group.blobs, envelopes: group.envelopes)
+            groups[group.members.groupID] = RelayGroup(members: group.members, blobs: group.blobs, envelopes: group.envelopes,
+                                                       reports: group.reports)
         }
     }
 
@@ -180,6 +181,17 @@ package actor RelayService {
             }
         case .members(let newer):
             return members(newer, for: &group, from: client)
+        case .seen(let offered):
+            let new = group.newReports(offered)
+            guard !new.isEmpty else { return [] }
+            do { try storage.saveReports(new, group: groupID) } catch {
+                return [.send(RelayMessage.notice(.other, "the relay could not store compaction reports: \(error)").frame)]
+            }
+            group.stored(reports: new)
+            groups[groupID] = group
+            let frame = RelayMessage.seen(new).frame
+            for other in byGroup[groupID, default: []] where other != id { connections[other]?.client.offer(frame) }
+            return []
         case .keys(let offered):
             let new = group.newEnvelopes(offered)
             guard !new.isEmpty else { return [] }
@@ -240,6 +252,7 @@ package actor RelayService {
                                                   covered: group.covered).frame))
         let keys = group.envelopes(for: client.device)
         if !keys.isEmpty { replies.append(.send(RelayMessage.keys(keys).frame)) }
+        if !group.reports.isEmpty { replies.append(.send(RelayMessage.seen(Array(group.reports.values)).frame)) }
         return replies
     }
 

@@ -31,6 +31,7 @@ package struct StoredRelayGroup: Sendable {
     public let members: RelayMembers
     public let blobs: [StoredBlobInfo]
     public let envelopes: [KeyEnvelope]
+    public let reports: [SeenReport]
 }
 
 /// Where a relay keeps its groups' member lists and sealed blobs. Every method is durable when
@@ -43,6 +44,8 @@ package protocol RelayStorage: Sendable {
     func saveMembers(_ members: RelayMembers) throws
     /// Stores key envelopes (ignoring those held already).
     func saveEnvelopes(_ envelopes: [KeyEnvelope]) throws
+    /// Stores compaction reports, each replacing its replica's.
+    func saveReports(_ reports: [SeenReport], group: GroupID) throws
     /// Forgets a group and everything stored for it.
     func deleteGroup(_ group: GroupID) throws
     /// Stores `blob`, deleting the blobs `dropping` (a snapshot replaces what it covers), in
@@ -77,6 +80,9 @@ package final class SQLiteRelayStorage: RelayStorage {
                 CREATE TABLE envelopes (
                     groupID BLOB NOT NULL REFERENCES groups(id) ON DELETE CASCADE,
                     bytes BLOB NOT NULL, PRIMARY KEY (groupID, bytes));
+                CREATE TABLE reports (
+                    groupID BLOB NOT NULL REFERENCES groups(id) ON DELETE CASCADE,
+                    replica BLOB NOT NULL, bytes BLOB NOT NULL, PRIMARY KEY (groupID, replica));
                 """)
         }
         try migrator.migrate(database)
@@ -92,7 +98,9 @@ package final class SQLiteRelayStorage: RelayStorage {
                 }
                 let envelopes = try Data.fetchAll(db, sql: "SELECT bytes FROM envelopes WHERE groupID = ?", arguments: [row["id"] as Data])
                     .map { try KeyEnvelope(bytes: [UInt8]($0)) }
-                return StoredRelayGroup(members: members, blobs: blobs, envelopes: envelopes)
+                let reports = try Data.fetchAll(db, sql: "SELECT bytes FROM reports WHERE groupID = ?", arguments: [row["id"] as Data])
+                    .map { try SeenReport(bytes: [UInt8]($0)) }
+                return StoredRelayGroup(members: members, blobs: blobs, envelopes: envelopes, reports: reports)
             }
         }
     }
@@ -113,8 +121,18 @@ package final class SQLiteRelayStorage: RelayStorage {
         }
     }
 
+    public func saveReports(_ reports: [SeenReport], group: GroupID) throws {
+        try database.write { db in
+            for report in reports {
+                try db.execute(sql: "INSERT INTO reports (groupID, replica, bytes) VALUES (?, ?, ?) ON CONFLICT(groupID, replica) DO UPDATE SET bytes = excluded.bytes",
+                               arguments: [Data(group.bytes), Data(report.replica.bigEndianBytes), Data(report.bytes)])
+            }
+        }
+    }
+
     public func deleteGroup(_ group: GroupID) throws {
         try database.write { db in
+            try db.execute(sql: "DELETE FROM reports WHERE groupID = ?", arguments: [Data(group.bytes)])
             try db.execute(sql: "DELETE FROM envelopes WHERE groupID = ?", arguments: [Data(group.bytes)])
             try db.execute(sql: "DELETE FROM blobs WHERE groupID = ?", arguments: [Data(group.bytes)])
             try db.execute(sql: "DELETE FROM groups WHERE id = ?", arguments: [Data(group.bytes)])

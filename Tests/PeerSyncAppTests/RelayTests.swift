@@ -52,6 +52,7 @@ final class WithholdingStorage: RelayStorage {
     func saveMembers(_ members: RelayMembers) throws { try base.saveMembers(members) }
     func deleteGroup(_ group: GroupID) throws { try base.deleteGroup(group) }
     func saveEnvelopes(_ envelopes: [KeyEnvelope]) throws { try base.saveEnvelopes(envelopes) }
+    func saveReports(_ reports: [SeenReport], group: GroupID) throws { try base.saveReports(reports, group: group) }
     func insert(_ blob: SealedBlob, dropping: [Int64]) throws -> Int64 { try base.insert(blob, dropping: dropping) }
     func storedBytes(of group: GroupID) throws -> Int { try base.storedBytes(of: group) }
     func bytes(of ids: [Int64]) throws -> [Int64: [UInt8]] {
@@ -228,6 +229,47 @@ struct RelayTests {
         #expect(await eventually { (try? self.names(ben)) == ["one", "two", "three"] })
         #expect(await eventually { await ben.relayStatus().first?.withheld.isEmpty == true })
         for replica in replicas { await replica.close() }
+        await relay.stop()
+    }
+
+    /// Relay bytes for `group` once only a snapshot and what follows it are held.
+    private func settledBytes(_ relay: TestRelay, _ group: GroupID) async -> Int? {
+        guard let state = await relay.service.group(group) else { return nil }
+        return state.byteCount
+    }
+
+    @Test func recordsCreatedAndDeletedThroughTheRelayLeaveItsStorageNearAFreshGroups() async throws {
+        let relay = try await TestRelay()
+        let (replicas, directories) = try await team(["office", "ben"])
+        let (fresh, freshDirectories) = try await team(["office2", "ben2"])
+        defer { for directory in directories + freshDirectories { removeTemporaryDirectory(directory) } }
+        for admin in [replicas[0], fresh[0]] { try await admin.enrolRelay(at: relay.address, code: relay.code) }
+        for replica in replicas + fresh { try await viaRelay(replica, relay) }
+        let (office, ben) = (replicas[0], replicas[1])
+
+        // 1,000 records created, then deleted, through the relay.
+        let places = (0..<1_000).map { Location(name: "place \($0)", address: String(repeating: "x", count: 40)) }
+        try await office.batch { batch in for place in places { try batch.save(place) } }
+        #expect(await eventually { (try? ben.fetchAll(Location.self).count) == 1_000 })
+        try await ben.batch { batch in for place in places { _ = try batch.delete(Location.self, id: place.id) } }
+        #expect(await eventually { (try? office.fetchAll(Location.self).count) == 0 })
+        let grown = try #require(await settledBytes(relay, office.groupID))
+
+        // Compaction at causal stability, with the reports carried by the relay; then each
+        // device's snapshot lets the relay drop every blob it covers.
+        #expect(await eventually { office.compactionStatus().purgedRecords >= 1_000 && ben.compactionStatus().purgedRecords >= 1_000 })
+        for replica in fresh { await replica.uploadRelaySnapshot() }
+        #expect(await eventually { await relay.service.group(fresh[0].groupID)?.blobCount == 1 })
+        let baseline = try #require(await settledBytes(relay, fresh[0].groupID))
+        var after = grown
+        let near = await eventually {
+            after = await self.settledBytes(relay, office.groupID) ?? .max
+            return Double(after) <= Double(baseline) * 1.10
+        }
+        print("relay storage: \(grown) bytes after 1,000 creates and deletes, \(after) after compaction; a fresh group's \(baseline)")
+        #expect(near, "\(after) bytes for the compacted group, \(baseline) for a fresh one")
+        #expect(await eventually { office.state.records.digest == ben.state.records.digest })
+        for replica in replicas + fresh { await replica.close() }
         await relay.stop()
     }
 }
