@@ -123,6 +123,7 @@ let package = Package(
         .executableTarget(
             name: "PeerSyncBenchmarks",
             dependencies: ["PeerSync", "PeerSyncWire", "ShiftSchedulerModel", .product(name: "Logging", package: "swift-log"), .product(name: "Crypto", package: "swift-crypto"),
+                           "PeerSyncRelay", "PeerSyncSeal", "PeerSyncNetwork", "PeerSyncIdentity", "PeerSyncCRDT", "PeerSyncReplication",
                            .product(name: "NIOSSL", package: "swift-nio-ssl"), .product(name: "NIOPosix", package: "swift-nio"),
                            .product(name: "NIOTLS", package: "swift-nio")],
             path: "Benchmarks/PeerSyncBenchmarks"

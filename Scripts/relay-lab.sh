@@ -241,13 +241,13 @@ stop_pids() {
   fi
 }
 
-# PIDs of this lab's root-namespace peersync processes (the "office" step), only while they still run
-# our private copy of the binary (a recycled PID is never killed).
+# PIDs of this lab's root-namespace processes (the office step's nodes, the latency driver), only while
+# their command line still names the state dir (a recycled PID is never killed).
 root_pids() {
   local p
   [ -f "$D/pids.root" ] || return 0
   while read -r p; do
-    [ -n "$p" ] && pid_alive "$p" && tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -qF "$BIN " && echo "$p"
+    [ -n "$p" ] && pid_alive "$p" && tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | grep -qF "$D/" && echo "$p"
   done < "$D/pids.root"
   return 0
 }
@@ -258,7 +258,7 @@ teardown() {
   nss=$(lab_namespaces)
   # the office step's processes in the root namespace
   # shellcheck disable=SC2046
-  stop_pids "root-namespace peersync" $(root_pids)
+  stop_pids "root-namespace processes" $(root_pids)
   for f in "$D"/hosts/*/avahi.pid "$D"/hosts/*/dbus.pid; do [ -f "$f" ] && daemons+=("$(cat "$f")"); done
   for ns in $nss; do
     for p in $(ip netns pids "$ns" 2>/dev/null || true); do
@@ -443,9 +443,11 @@ start_site_node() {  # start_site_node HOST
 # latency H_FROM H_TO : EDITS edits through H_FROM's --commands input; each timed (monotonic clock) until
 # H_TO's --commands output reports the change. Prints per-edit lines to a file, the summary on stdout.
 measure_latency() {
-  local from=$1 to=$2
+  local from=$1 to=$2 pid
+  # in the background (tracked like the office nodes, so 'down' stops it), without this script's FIFO
+  # writer (fd 7): with a1 gone, its writes must fail rather than fill a pipe nobody reads
   python3 - "$(host_dir "$from")/node.in" "$(host_dir "$to")/node.out" "$(host_dir "$from")/node.out" "$EDITS" "$TMO" \
-    "$D/latency.txt" <<'PY'
+    "$D/latency.txt" > "$D/latency.summary" 7>&- 8>&- 9>&- <<'PY' &
 import math, os, sys, time, uuid
 fifo, out_to, out_from, n, tmo, report = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
 w = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)   # fails at once (ENXIO) if the node is gone
@@ -481,6 +483,9 @@ rank = lambda q: s[max(0, math.ceil(q * len(s)) - 1)]
 print(f"n={len(s)} lost={lost} p50={rank(0.5):.1f} p99={rank(0.99):.1f} min={s[0]:.1f} max={s[-1]:.1f} mean={sum(s)/len(s):.1f}")
 sys.exit(1 if lost else 0)
 PY
+  pid=$!
+  echo "$pid" >> "$D/pids.root"
+  wait "$pid"
 }
 
 # -------------------------------------------------------------------------------------------- run
@@ -592,11 +597,12 @@ cmd_run() {
 
   # (c) latency a1 -> b1 (a benchmark figure)
   say "(c) timing $EDITS edits a1 -> b1 (monotonic clock; a1's --commands input, b1's --commands output)"
-  if lat=$(measure_latency a1 b1); then
+  if measure_latency a1 b1; then
+    lat=$(cat "$D/latency.summary")
     record "(c) latency a1 -> b1" INFO "$lat ms"
     say "  samples (ms, in order): $(awk '{print $4}' "$D/latency.txt" | tr '\n' ' ')"
   else
-    record "(c) latency a1 -> b1" FAIL "${lat:-no result} (details: $D/latency.txt)"
+    record "(c) latency a1 -> b1" FAIL "$(cat "$D/latency.summary" 2>/dev/null || echo no result) (details: $D/latency.txt)"
   fi
 
   # (e) control group: plaintext on the wire, through the relay host's site A leg

@@ -20,7 +20,7 @@ struct Benchmark: Sendable {
         ConvergenceBenchmarks.w4Memory, ConvergenceBenchmarks.mesh, MultiprocessBenchmark.multiprocess,
         HandshakeBenchmark.handshake,
         AppBenchmarks.liveQuery, AppBenchmarks.attachmentAdd, AttachmentTransferBenchmark.transfer,
-        HostileInputBenchmarks.hostileInput, CompactionBenchmark.deleteAll,
+        HostileInputBenchmarks.hostileInput, CompactionBenchmark.deleteAll, RelayScaleBenchmark.scale,
     ]
 }
 
