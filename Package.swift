@@ -194,7 +194,7 @@ let package = Package(
         .testTarget(
             name: "PeerSyncVectorTests",
             dependencies: ["PeerSyncWire", "PeerSyncCRDT", "PeerSyncIdentity", "PeerSyncReplication", "PeerSyncNetwork", "PeerSyncDiscovery",
-                           .product(name: "Crypto", package: "swift-crypto"), "PeerSyncSeal"]
+                           .product(name: "Crypto", package: "swift-crypto"), "PeerSyncSeal", "PeerSyncRelay"]
         ),
         .testTarget(
             name: "PeerSyncStoreTests",

@@ -14,14 +14,17 @@
 #              copied once to $LAB_DIR/bin so a rebuild cannot change it mid-run), LAB_KEEP=1 (keep the
 #              state dir after a passing run too), LAB_LOG_LEVEL (nodes' log level, default info).
 #
-# Topology (IPv4 only, IPv6 disabled in every lab namespace):
+# Needs: root, ip/unshare/ss (iproute2, util-linux), dbus-daemon, avahi-daemon, tcpdump, python3
+# (Scripts/setup.sh installs the packages) and a built peersync.
 #
-#   site A: namespace $P-sa holds bridge br0            site B: namespace $P-sb holds bridge br0
-#     a1  $P-a1  10.78.1.11  avahi  ──┐                    ┌── b1  $P-b1  10.78.2.11  avahi
-#     a2  $P-a2  10.78.1.12  avahi  ──┤                    ├── b2  $P-b2  10.78.2.12  avahi
-#     c1  $P-c1  10.78.1.21  (control, no avahi) ──┤       │
-#                                     └── relay host $P-rl ┘
-#                                laba 10.78.1.2   labb 10.78.2.2   (net.ipv4.ip_forward=0, no avahi)
+# Topology (IPv4 only, IPv6 disabled in every lab namespace):
+#   site A: netns $P-sa holds bridge br0               site B: netns $P-sb holds bridge br0
+#     a1  netns $P-a1  10.78.1.11  avahi                 b1  netns $P-b1  10.78.2.11  avahi
+#     a2  netns $P-a2  10.78.1.12  avahi                 b2  netns $P-b2  10.78.2.12  avahi
+#     c1  netns $P-c1  10.78.1.21  control pair, no avahi
+#   relay host: netns $P-rl, laba 10.78.1.2 on site A's bridge, labb 10.78.2.2 on site B's;
+#     net.ipv4.ip_forward=0, no avahi; runs `peersync relay` (:7947), tcpdump and control node c2.
+# Each site host has one veth "lab0"; its peer (named after the host) is a port of its site's br0.
 #
 # Site hosts have only their /24 route, and the relay host does not forward, so nothing in site A can
 # reach site B: a1/a2 and b1/b2 share data only through `peersync relay` (port 7947 on the relay host).
@@ -33,8 +36,11 @@
 # discovery (each host's own avahi-daemon) and --relay; checks: (a) direct peers by discovery within
 # each site and every node connected to the relay, (b) a marker location a1 -> b1,b2 and b2 -> a1,
 # then equal digests everywhere, (c) edit -> visible latency a1 -> b1 (p50/p99; a figure, not an
-# assert), (d) neither the capture nor the relay's files hold any marker, (e) control: the insecure
-# control group (c1 in site A, c2 on the relay host) puts its marker in plaintext into the capture.
+# assert), (d) the capture saw the relay's traffic, the relay stored blobs, and neither the capture
+# nor the relay's files and logs hold any marker, (e) control: the insecure control group (c1 in
+# site A, c2 on the relay host) puts its marker in plaintext into the capture. Also reported: each
+# device's relay state once converged (nothing pending, withheld or refused), and every warning or
+# error the product logged. Typical run: about 20 s.
 #
 # Safety (as netlab.sh): no interface is ever created in (or moved through) the root namespace: veth
 # pairs are created straight between lab namespaces. dbus-daemon and avahi-daemon run only in site
@@ -376,6 +382,10 @@ has_peer() {  # has_peer STOREDIR NAME : the running node lists NAME as a direct
   "$BIN" status --store "$1" 2>/dev/null | grep -Eq "^  peer    $2 "
 }
 relay_connected() { "$BIN" status --store "$1" 2>/dev/null | grep -Eq "^  relay   .*: connected"; }
+relay_settled() {  # connected, no counters pending, no blobs refused, no WITHHELD line
+  local out; out=$("$BIN" status --store "$1" 2>/dev/null) || return 1
+  echo "$out" | grep -Eq "^  relay   .*: connected, .*, 0 counters pending$" && ! echo "$out" | grep -q "WITHHELD"
+}
 has_location() { "$BIN" location list --store "$1" 2>/dev/null | grep -qF "$2"; }
 all_have_location() { local s m=$1; shift; for s in "$@"; do has_location "$(store_of "$s")" "$m" || return 1; done; }
 digests_equal() {  # digests_equal HOST... : every store's digest is the same (and not empty)
@@ -389,6 +399,20 @@ digests_equal() {  # digests_equal HOST... : every store's digest is the same (a
 }
 none_joining() { local h; for h in "$@"; do [ "$(role_of "$(store_of "$h")")" != joining ] || return 1; done; }
 node_up() { [ -s "$1/node.json" ]; }
+
+# the three processes with the most CPU time over the last second (outside and inside the lab)
+cpu_ticks() {  # "PID TICKS" for every process, sorted (comm may hold spaces: fields after its ')')
+  awk '{ l = $0; sub(/^.*\) /, "", l); split(l, f, " "); n = FILENAME; gsub(/[^0-9]/, "", n); print n, f[12] + f[13] }' \
+    /proc/[0-9]*/stat 2>/dev/null | LC_ALL=C sort
+}
+busy_now() {
+  local a b
+  a=$(cpu_ticks); sleep 1; b=$(cpu_ticks)
+  LC_ALL=C join <(echo "$a") <(echo "$b") | awk -v hz="$(getconf CLK_TCK)" '$3 > $2 {printf "%s %d\n", $1, ($3 - $2) * 100 / hz}' \
+    | sort -k2 -nr | head -3 | while read -r pid pct; do
+        printf '%s(%s) %s%%, ' "$(tr -d '\n' < "/proc/$pid/comm" 2>/dev/null || echo gone)" "$pid" "$pct"
+      done | sed 's/, $//'
+}
 
 port_free() { ! ss -ltnH "sport = :$1" 2>/dev/null | grep -q .; }
 
@@ -447,7 +471,7 @@ measure_latency() {
   # in the background (tracked like the office nodes, so 'down' stops it), without this script's FIFO
   # writer (fd 7): with a1 gone, its writes must fail rather than fill a pipe nobody reads
   python3 - "$(host_dir "$from")/node.in" "$(host_dir "$to")/node.out" "$(host_dir "$from")/node.out" "$EDITS" "$TMO" \
-    "$D/latency.txt" > "$D/latency.summary" 7>&- 8>&- 9>&- <<'PY' &
+    "$D/latency-$from-$to.txt" > "$D/latency-$from-$to.summary" 7>&- 8>&- 9>&- <<'PY' &
 import math, os, sys, time, uuid
 fifo, out_to, out_from, n, tmo, report = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
 w = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)   # fails at once (ENXIO) if the node is gone
@@ -472,6 +496,7 @@ with open(report, "w") as rep:
                 time.sleep(0.0005)
         if seen is None:
             lost += 1; rep.write(f"edit {i} {rid} not seen within {tmo:.0f}s\n")
+            if lost >= 3: break   # the path is broken: no point waiting for the rest
         else:
             ms = (seen - t0) / 1e6; lat.append(ms); rep.write(f"edit {i} {rid} {ms:.1f} ms\n")
         time.sleep(0.2)
@@ -490,7 +515,7 @@ PY
 
 # -------------------------------------------------------------------------------------------- run
 cmd_run() {
-  local t_start h hd rd code rd_out i marker_a marker_b marker_c lat digest_a load_start t0 t1 failed=0 relay_pid tcpdump_pid
+  local t_start h rd code i marker_a marker_b marker_c lat digest_a load_start t0 t1 failed=0 relay_pid tcpdump_pid
   [ "$(id -u)" = 0 ] || die "must run as root"
   for c in ip unshare setsid mount ss dbus-daemon avahi-daemon python3; do need "$c"; done
   command -v tcpdump >/dev/null 2>&1 || die "tcpdump is missing: install it with 'apt-get install -y tcpdump' (Scripts/setup.sh installs it too)"
@@ -503,7 +528,7 @@ cmd_run() {
   fi
   mkdir -p "$D/bin"
   touch "$D/$MARKER"
-  t_start=$(now_ms)
+  t_start=$(now_ms); T_START=$t_start
   load_start=$(cut -d' ' -f1-3 /proc/loadavg)
   # Only the main shell tears down: a subshell ($(...)) that sees the signal or exits just leaves.
   # A trap runs with the redirections of the command it interrupts (wait_for's >/dev/null), so the
@@ -531,6 +556,7 @@ cmd_run() {
 
   # step 4 comes first: the capture runs before the relay exists and before any data is written
   rd="$D/relay"
+  assert_isolated "$(ns_of rl)" "lo|laba|labb"
   spawn tcpdump "$rd" "$(ns_of rl)" - rl tcpdump -i any -n -U -s 0 -Z root -w "$rd/capture.pcap"
   tcpdump_pid=$(pid_of "$rd" tcpdump)
   wait_for "$TMO" grep -q 'listening on' "$rd/tcpdump.log" || { cat "$rd/tcpdump.log" >&2; die "tcpdump did not start"; }
@@ -595,20 +621,38 @@ cmd_run() {
     record "(b) convergence" FAIL "digests differ after ${TMO}s: $(for h in $SITE_HOSTS; do printf '%s=%s ' "$h" "$(digest_of "$(store_of "$h")")"; done)"
   fi
 
+  # every node's view of the relay once converged: connected, nothing pending, withheld or refused
+  local bad="" st
+  for h in $SITE_HOSTS; do
+    if ! wait_for "$TMO" relay_settled "$(store_of "$h")"; then
+      st=$("$BIN" status --store "$(store_of "$h")" 2>/dev/null | grep -E '^  (relay|WITHHELD) ' | tr '\n' ' ' || true)
+      bad+="$h: ${st:-no relay line}; "
+    fi
+  done
+  if [ -z "$bad" ]; then record "(b) relay state on devices" PASS "each node: relay connected, 0 counters pending, nothing withheld or refused"
+  else record "(b) relay state on devices" FAIL "$bad"; fi
+
   # (c) latency a1 -> b1 (a benchmark figure)
   say "(c) timing $EDITS edits a1 -> b1 (monotonic clock; a1's --commands input, b1's --commands output)"
+  say "  load average $(cut -d' ' -f1-3 /proc/loadavg); busiest processes now: $(busy_now)"
   if measure_latency a1 b1; then
-    lat=$(cat "$D/latency.summary")
-    record "(c) latency a1 -> b1" INFO "$lat ms"
-    say "  samples (ms, in order): $(awk '{print $4}' "$D/latency.txt" | tr '\n' ' ')"
+    record "(c) latency a1 -> b1" INFO "$(cat "$D/latency-a1-b1.summary") ms (nearest rank: p99 = max below 100 edits)"
+    say "  samples (ms, in order): $(awk '{print $4}' "$D/latency-a1-b1.txt" | tr '\n' ' ')"
   else
-    record "(c) latency a1 -> b1" FAIL "$(cat "$D/latency.summary" 2>/dev/null || echo no result) (details: $D/latency.txt)"
+    record "(c) latency a1 -> b1" FAIL "$(cat "$D/latency-a1-b1.summary" 2>/dev/null || echo no result) (details: $D/latency-a1-b1.txt)"
+  fi
+  # the same over the direct session in site A, for comparison (a figure only)
+  if measure_latency a1 a2; then
+    record "(c) latency a1 -> a2, direct" INFO "$(cat "$D/latency-a1-a2.summary") ms (same site: direct session, for comparison)"
+  else
+    record "(c) latency a1 -> a2, direct" INFO "no figure: $(cat "$D/latency-a1-a2.summary" 2>/dev/null || echo no result)"
   fi
 
   # (e) control group: plaintext on the wire, through the relay host's site A leg
   say "(e) control: insecure pair c1 (site A) -> c2 (relay host $RELAY_A:$CONTROL_PORT)"
   marker_c="control-marker-$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n')"
   assert_isolated "$(ns_of c1)" "lo|$IFN"
+  assert_isolated "$(ns_of rl)" "lo|laba|labb"
   spawn node "$rd/c2" "$(ns_of rl)" - rl "$BIN" run --store "$(store_of c2)" --listen "$RELAY_A:$CONTROL_PORT" \
     --insecure --no-discovery --log-level "$LOG_LEVEL"
   spawn node "$(host_dir c1)" "$(ns_of c1)" - c1 "$BIN" run --store "$(store_of c1)" --listen "0.0.0.0:$CONTROL_PORT" \
@@ -627,7 +671,10 @@ cmd_run() {
   # stop the capture (and the relay, so its files are final) before looking into them; the relay
   # deletes relay.json when it stops, so keep its last copy
   cp "$rd/store/relay.json" "$rd/relay.json.last" 2>/dev/null || true
+  for h in $SITE_HOSTS; do "$BIN" status --store "$(store_of "$h")" > "$D/status-$h.txt" 2>&1 || true; done
   stop_pids "tcpdump" "$tcpdump_pid"
+  # the devices first (graceful: their logs end without "relay closed the connection"), then the relay
+  stop_pids "lab nodes" $(for h in $ALL_HOSTS; do pid_of "$(host_dir "$h")" node; done) "$(pid_of "$rd/c2" node)"
   stop_pids "relay" "$relay_pid"
 
   # (d) no marker in the capture or the relay's files; the capture did see relay traffic
@@ -645,7 +692,11 @@ cmd_run() {
   else
     record "(d) capture sees relay traffic" PASS "$pkts packets on port $RELAY_PORT ($(stat -c %s "$rd/capture.pcap") bytes captured)"
   fi
-  if [ -n "$relay_json" ]; then record "(d) relay stored blobs" INFO "relay.json: $relay_json"; fi
+  if [[ "$relay_json" =~ \"groups\":1[,}] ]] && [[ "$relay_json" =~ \"blobs\":([0-9]+) ]] && [ "${BASH_REMATCH[1]}" -ge 1 ]; then
+    record "(d) relay stored blobs" PASS "relay.json: $relay_json"
+  else
+    record "(d) relay stored blobs" FAIL "expected 1 group and some blobs; relay.json: ${relay_json:-missing}"
+  fi
   if [ -z "$leaks" ]; then
     record "(d) no marker at the relay" PASS "no marker in capture.pcap, relay.json, relay's log or store ($(cd "$rd/store" && ls | tr '\n' ' '))"
   else
@@ -658,7 +709,16 @@ cmd_run() {
     record "(e) control marker in capture" FAIL "$marker_c not found in the capture (${ctl:-c1 never connected to c2})"
   fi
 
+  # what the product logged above info (a figure: expected ones are filtered out)
+  local warn
+  warn=$(grep -HE ' (warning|error|critical) ' "$D"/office/*.log "$D"/hosts/*/node.log "$rd"/relay.log "$rd"/c2/node.log 2>/dev/null \
+    | grep -v 'INSECURE mode' | sed -E "s|^$D/||; s|/node.log:|:|; s|\.run\.log:| (office):|; s|^[^:]*relay.log:|relay:|; s|[0-9T:+-]{24} ||" \
+    | sed -E 's/(replica|peer\.id|peer\.address)=[^ ]* //g' | cut -c1-400 | sort | uniq -c | sort -nr || true)
+  if [ -z "$warn" ]; then record "product warnings" INFO "none logged (besides INSECURE mode for the control pair)"
+  else record "product warnings" INFO "$(echo "$warn" | wc -l) distinct; see below"; fi
+
   summary "$t_start" "$load_start"
+  [ -z "$warn" ] || { echo "product warnings and errors (count, log: message):"; echo "$warn"; echo; }
   for i in "${!CHECK_RESULTS[@]}"; do [ "${CHECK_RESULTS[$i]}" != FAIL ] || failed=1; done
   [ "$failed" = 0 ]
 }
@@ -683,9 +743,9 @@ on_exit() {
   teardown || rc=1
   if [ "$rc" = 0 ] && [ "${LAB_KEEP:-0}" != 1 ]; then
     remove_state
-    say "PASS: every check passed"
+    say "PASS: every check passed (run took $(( ($(now_ms) - T_START) / 1000 )) s)"
   elif [ "$rc" = 0 ]; then
-    say "PASS: every check passed (state kept in $D; '$0 down' removes it)"
+    say "PASS: every check passed in $(( ($(now_ms) - T_START) / 1000 )) s (state kept in $D; '$0 down' removes it)"
   else
     say "FAIL (exit $rc): state kept in $D (logs, stores, capture); '$0 down' removes it"
   fi

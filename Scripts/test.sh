@@ -53,6 +53,13 @@ for example in example-shift-scheduler example-settings example-app-streams exam
   timeout 120 swift run --skip-build "$example"
 done
 
+echo "== relay lab (Scripts/relay-lab.sh: two sites in network namespaces, a relay host, a capture)"
+if [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null && command -v tcpdump >/dev/null && command -v avahi-daemon >/dev/null; then
+  Scripts/relay-lab.sh run
+else
+  echo "skipped: needs root, ip, tcpdump and avahi-daemon (Scripts/setup.sh installs them)"
+fi
+
 echo "== benchmark smoke (quick mode; numbers are meaningless here, see docs/BENCHMARKS.md)"
 swift run --skip-build PeerSyncBenchmarks --quick
 

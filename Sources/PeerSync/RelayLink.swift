@@ -50,6 +50,10 @@ actor RelayLink {
     private var wake: AsyncStream<Void>.Continuation?
     /// A blob was refused for want of its data key (asked again when keys arrive).
     private var lackedKey = false
+    /// The relay has welcomed this session (uploads wait for its vector).
+    private var welcomed = false
+    /// The last session ended with the relay's refusal (redialed with the longer backoff).
+    private var refusedLast = false
     /// Report times given to the relay in this session, by replica.
     private var reportsSent: [ReplicaID: UInt64] = [:]
     /// A relay holding at least this many blobs of the group is sent a snapshot.
@@ -57,7 +61,10 @@ actor RelayLink {
     /// Envelopes given to the relay in this session.
     private var sentEnvelopes: Set<[UInt8]> = []
 
-    init(replica: Replica, address: PeerAddress, timing: SyncTiming, logger: Logger) {
+    private let rejectedBackoff: Backoff
+
+    init(replica: Replica, address: PeerAddress, timing: SyncTiming, rejectedBackoff: Backoff, logger: Logger) {
+        self.rejectedBackoff = rejectedBackoff
         self.replica = replica
         self.address = address
         self.timing = timing
@@ -70,19 +77,23 @@ actor RelayLink {
         var failures = 0
         while !Task.isCancelled {
             let began = ContinuousClock.now
+            welcomed = false
+            refusedLast = false
             do {
                 try await session()
                 status.lastError = nil
             } catch {
                 if Task.isCancelled { break }
-                let text = "\(error)"
+                let text = Self.describe(error, address: address)
                 if status.lastError != text { logger.warning("relay session ended", metadata: ["relay.address": "\(address)", "error": "\(text)"]) }
                 status.lastError = text
             }
             status.connected = false
             if Task.isCancelled { break }
             failures = ContinuousClock.now - began > .seconds(10) ? 1 : failures + 1
-            let backoff = min(timing.reconnectBackoff.max, timing.reconnectBackoff.first * (1 << min(failures, 10)))
+            // A relay that refused this device (removed, not yet a member) is asked again rarely.
+            let policy = refusedLast ? rejectedBackoff : timing.reconnectBackoff
+            let backoff = min(policy.max, policy.first * (1 << min(failures, 10)))
             try? await Task.sleep(for: backoff)
         }
     }
@@ -122,6 +133,19 @@ actor RelayLink {
         }
     }
 
+    /// One line for a session's end: the relay's own words, or what the network said, plainly.
+    static func describe(_ error: any Error, address: PeerAddress) -> String {
+        if let error = error as? ReplicaError { return error.description }
+        let text = "\(error)"
+        for (needle, plain) in [("Connection refused", "connection refused (is the relay running, and is this its port?)"),
+                                ("connection reset", "the connection was reset"), ("timeout", "connect timeout"),
+                                ("Timeout", "connect timeout"), ("No route", "no route to the host"),
+                                ("Network is unreachable", "network unreachable")] where text.contains(needle) {
+            return "cannot reach the relay at \(address): \(plain)"
+        }
+        return "relay session with \(address) ended: \(text)"
+    }
+
     // MARK: - Receiving
 
     private func handle(_ frames: [(type: UInt8, body: [UInt8])], writer: RelayDial.Writer) async throws {
@@ -139,6 +163,7 @@ actor RelayLink {
             switch message {
             case .welcome(let members, let blobCount, _, let covered):
                 ledger.welcomed(covered: covered)
+                welcomed = true
                 sentEnvelopes = []
                 reportsSent = [:]
                 // A relay holding many blobs gets a snapshot (it then drops what it covers).
@@ -167,6 +192,7 @@ actor RelayLink {
                 }
             case .refused(let reason, let text):
                 try applyBlobs(&blobs)
+                refusedLast = true
                 throw ReplicaError.relay("the relay at \(address) refused: \(reason): \(text)")
             case .ping(let nonce):
                 try await writer.write(RelayMessage.pong(nonce).frame)
@@ -281,6 +307,7 @@ actor RelayLink {
     }
 
     private func uploadWhatTheRelayLacks(_ writer: RelayDial.Writer) async throws {
+        guard welcomed else { return }
         if let pause = quotaPauseUntil, ContinuousClock.now < pause { return }
         quotaPauseUntil = nil
         let held = replica.state.records.context.versionVector

@@ -154,6 +154,12 @@ extension Replica {
                     // The plaintext must be what the header says: only that replica's counters.
                     let expected = CausalContext(dots: (blob.firstCounter...blob.lastCounter).map { Dot(replica: blob.replica, counter: $0) })
                     guard delta.context == expected else { throw SealError.malformed("the blob's events are not the counters its header names") }
+                } else {
+                    // A snapshot holds at least what its header says it covers (the relay dropped
+                    // the blobs it covers on that claim).
+                    guard delta.context.includes(CausalContext(versionVector: blob.covers)) else {
+                        throw SealError.malformed("the snapshot holds less than the counters its header says it covers")
+                    }
                 }
                 if let refusal = DeltaAdmission.refusal(of: delta, now: HybridLogicalClock.wallClock(),
                                                         maxSkewMilliseconds: UInt64(max(0, maxClockSkew.wholeMilliseconds))) {
@@ -196,7 +202,8 @@ extension Replica {
 
     func startRelays(_ configuration: SyncConfiguration) {
         for address in configuration.relays {
-            let link = RelayLink(replica: self, address: address, timing: configuration.timing, logger: logger)
+            let link = RelayLink(replica: self, address: address, timing: configuration.timing,
+                                 rejectedBackoff: configuration.limits.rejectedDialBackoff, logger: logger)
             relayLinks.append(link)
             relayTasks.append(Task { await link.run() })
         }

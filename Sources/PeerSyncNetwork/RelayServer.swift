@@ -24,6 +24,8 @@ package actor RelayServer {
     private nonisolated let accepted = AcceptedChannels()
     private var channels: [ObjectIdentifier: any Channel] = [:]
     private var stopped = false
+    /// Connections over the relay's total or per-address limit are closed on arrival.
+    private nonisolated let inbound: InboundLimiter
 
     public init(service: RelayService, listen: PeerAddress, timing: SyncTiming = SyncTiming(), limits: SyncLimits = SyncLimits(),
                 logger: Logger = Logger(label: "peersync.relay")) throws {
@@ -33,6 +35,12 @@ package actor RelayServer {
         self.limits = limits
         self.logger = logger
         tls = try DeviceTLS(key: service.key, admit: { _ in true })
+        var gate = limits
+        gate.inboundConnections = limits.relayConnections
+        gate.inboundConnectionsPerAddress = limits.relayConnectionsPerAddress
+        inbound = InboundLimiter(limits: gate) { report in
+            logger.warning("relay connections refused over the limits", metadata: ["refused": "\(report)"])
+        }
     }
 
     /// Binds and starts accepting; returns the bound port.
@@ -40,9 +48,14 @@ package actor RelayServer {
         let tls = self.tls
         let maxFrame = limits.maxFrameBytes
         let accepted = self.accepted
+        let inbound = self.inbound
         let server = try await ServerBootstrap(group: MultiThreadedEventLoopGroup.singleton)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
             .serverChannelOption(.backlog, value: 1024)
+            .serverChannelInitializer { channel in
+                // Before the accept handler: a connection over a limit never gets a pipeline.
+                channel.eventLoop.makeCompletedFuture { try channel.pipeline.syncOperations.addHandler(InboundGate(inbound)) }
+            }
             .childChannelOption(.socketOption(.tcp_nodelay), value: 1)
             .bind(host: listen.host, port: Int(listen.port)) { channel in
                 channel.eventLoop.makeCompletedFuture {

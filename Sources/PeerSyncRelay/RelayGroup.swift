@@ -19,12 +19,16 @@ package struct RelayGroup: Sendable {
     /// Key envelopes by recipient.
     public private(set) var envelopes: [DeviceID: Set<[UInt8]>] = [:]
 
-    /// The newest compaction report of each replica.
-    public private(set) var reports: [ReplicaID: SeenReport] = [:]
+    /// The newest compaction report of each replica, by the device that signed it (a member
+    /// that signs a report for another's replica displaces nothing: devices refuse it, and the
+    /// genuine one stays).
+    public private(set) var reports: [[UInt8]: SeenReport] = [:]
+
+    static func reportKey(_ report: SeenReport) -> [UInt8] { report.device + report.replica.bigEndianBytes }
 
     package init(members: RelayMembers, blobs: [StoredBlobInfo] = [], envelopes: [KeyEnvelope] = [], reports: [SeenReport] = []) {
         self.members = members
-        for report in reports { self.reports[report.replica] = report }
+        for report in reports { self.reports[Self.reportKey(report)] = report }
         for blob in blobs { add(blob) }
         for envelope in envelopes { insertEnvelope(envelope) }
     }
@@ -49,18 +53,19 @@ package struct RelayGroup: Sendable {
 
     /// The reports of `offered` newer than those held, signed by the member they name.
     package func newReports(_ offered: [SeenReport]) -> [SeenReport] {
-        var newest: [ReplicaID: SeenReport] = [:]
+        var newest: [[UInt8]: SeenReport] = [:]
         for report in offered where report.groupID == members.groupID.bytes {
-            guard report.time > max(reports[report.replica]?.time ?? 0, newest[report.replica]?.time ?? 0),
+            let slot = Self.reportKey(report)
+            guard report.time > max(reports[slot]?.time ?? 0, newest[slot]?.time ?? 0),
                   let device = DeviceID(bytes: report.device), let (key, _) = members.member(device), admits(device),
                   key.isValidSignature(report.signature, for: SeenReport.signingDomain + report.body) else { continue }
-            newest[report.replica] = report
+            newest[slot] = report
         }
         return Array(newest.values)
     }
 
     package mutating func stored(reports new: [SeenReport]) {
-        for report in new { reports[report.replica] = report }
+        for report in new { reports[Self.reportKey(report)] = report }
     }
 
     /// The envelopes addressed to `device`.

@@ -44,7 +44,7 @@ package protocol RelayStorage: Sendable {
     func saveMembers(_ members: RelayMembers) throws
     /// Stores key envelopes (ignoring those held already).
     func saveEnvelopes(_ envelopes: [KeyEnvelope]) throws
-    /// Stores compaction reports, each replacing its replica's.
+    /// Stores compaction reports, each replacing the one its device signed for its replica.
     func saveReports(_ reports: [SeenReport], group: GroupID) throws
     /// Forgets a group and everything stored for it.
     func deleteGroup(_ group: GroupID) throws
@@ -82,7 +82,7 @@ package final class SQLiteRelayStorage: RelayStorage {
                     bytes BLOB NOT NULL, PRIMARY KEY (groupID, bytes));
                 CREATE TABLE reports (
                     groupID BLOB NOT NULL REFERENCES groups(id) ON DELETE CASCADE,
-                    replica BLOB NOT NULL, bytes BLOB NOT NULL, PRIMARY KEY (groupID, replica));
+                    device BLOB NOT NULL, replica BLOB NOT NULL, bytes BLOB NOT NULL, PRIMARY KEY (groupID, device, replica));
                 """)
         }
         try migrator.migrate(database)
@@ -124,8 +124,10 @@ package final class SQLiteRelayStorage: RelayStorage {
     public func saveReports(_ reports: [SeenReport], group: GroupID) throws {
         try database.write { db in
             for report in reports {
-                try db.execute(sql: "INSERT INTO reports (groupID, replica, bytes) VALUES (?, ?, ?) ON CONFLICT(groupID, replica) DO UPDATE SET bytes = excluded.bytes",
-                               arguments: [Data(group.bytes), Data(report.replica.bigEndianBytes), Data(report.bytes)])
+                try db.execute(sql: """
+                    INSERT INTO reports (groupID, device, replica, bytes) VALUES (?, ?, ?, ?)
+                    ON CONFLICT(groupID, device, replica) DO UPDATE SET bytes = excluded.bytes
+                    """, arguments: [Data(group.bytes), Data(report.device), Data(report.replica.bigEndianBytes), Data(report.bytes)])
             }
         }
     }

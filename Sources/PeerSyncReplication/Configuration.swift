@@ -184,6 +184,9 @@ public struct SyncLimits: Sendable, Equatable {
     public var relayGroups: Int = 1000
     /// Connections one relay holds at once (strangers included, until refused).
     public var relayConnections: Int = 4096
+    /// Connections one relay holds at once from one IP address (many devices share one behind
+    /// a NAT); more are closed on arrival, before any TLS work.
+    public var relayConnectionsPerAddress: Int = 256
 
     public init() {}
 }

@@ -69,11 +69,14 @@ struct Relay: AsyncParsableCommand {
         @Option(help: "Connections per group at once.") var groupConnections = SyncLimits().relayGroupConnections
         @Option(help: "Groups this relay serves.") var maxGroups = SyncLimits().relayGroups
         @Option(help: "Connections at once, strangers included.") var maxConnections = SyncLimits().relayConnections
+        @Option(help: "Connections at once from one IP address (closed on arrival beyond, before TLS).")
+        var maxConnectionsPerAddress = SyncLimits().relayConnectionsPerAddress
         @Option(help: "trace, debug, info, notice, warning, error or critical.") var logLevel: String = "info"
 
         func validate() throws {
             for (name, value) in [("--group-bytes", groupBytes), ("--group-blobs", groupBlobs), ("--group-connections", groupConnections),
-                                  ("--max-groups", maxGroups), ("--max-connections", maxConnections)] where value < 1 {
+                                  ("--max-groups", maxGroups), ("--max-connections", maxConnections),
+                                  ("--max-connections-per-address", maxConnectionsPerAddress)] where value < 1 {
                 throw ValidationError("\(name) must be at least 1, got \(value)")
             }
         }
@@ -94,6 +97,7 @@ struct Relay: AsyncParsableCommand {
             limits.relayGroupConnections = groupConnections
             limits.relayGroups = maxGroups
             limits.relayConnections = maxConnections
+            limits.relayConnectionsPerAddress = maxConnectionsPerAddress
             let storage: SQLiteRelayStorage
             do {
                 storage = try SQLiteRelayStorage(path: options.directory + "/relay.sqlite")
@@ -225,7 +229,7 @@ struct Relays: AsyncParsableCommand {
                 let target = try replica.device(matching: relay)
                 guard target.role == .relay else { throw CLIError("\(target.name) (\(target.id.shortForm)) is not a relay; see `peersync devices remove`") }
                 try await replica.removeDevice(target.id)
-                print("removed relay \(target.name) (\(target.id.shortForm))")
+                print("removed \(target.name) (\(target.id.shortForm)); it forgets the group's data when an admin's node next reaches it")
             } catch let error as CLIError {
                 throw error
             } catch {

@@ -6,6 +6,7 @@ import Foundation
 @testable import PeerSyncReplication
 @testable import PeerSyncNetwork
 @testable import PeerSyncSeal
+import PeerSyncRelay
 @testable import PeerSyncWire
 
 /// Fixed inputs of every vector: replicas, keys, nonces, clocks.
@@ -24,6 +25,7 @@ enum Fixed {
     /// Device A's key: the private scalar is SHA-256("peersync test vector") (docs/ROSTER-DRAFT.md §1).
     static let keyA = key("peersync test vector")
     static let keyB = key("peersync test vector b")
+    static let keyRelay = key("peersync test vector relay")
     static let r1 = UUID(uuidString: "00112233-4455-6677-8899-aabbccddeeff")!
     static let r2 = UUID(uuidString: "10000000-0000-4000-8000-000000000002")!
     static let r3 = UUID(uuidString: "10000000-0000-4000-8000-000000000003")!
@@ -109,7 +111,37 @@ struct VectorBuilder {
             ] as [JSON],
             "envelope": ["senderKey": hex(Fixed.keyA.publicKey.x963), "recipientScalar": hex(Fixed.keyB.privateKey.rawRepresentation),
                          "envelope": hex(envelope.bytes), "opensTo": hex(key.bytes), "epoch": "1"],
+            "members": relayMembers(stored),
+            "relayCode": ["relayDeviceID": hex(Fixed.keyRelay.deviceID.bytes), "secret": hex(Array(0xa0..<0xb0)),
+                          "code": RelayCode(relay: Fixed.keyRelay.deviceID, secret: Array(0xa0..<0xb0)).description],
+            "relayMessages": relayMessages(writes, envelope),
         ]
+    }
+
+    /// A member list (§20.3) signed by A: A admin, B member, the relay; kept while it verifies.
+    func relayMembers(_ stored: JSON?) -> JSON {
+        let list: [DevicePublicKey: DeviceRole] = [Fixed.keyA.publicKey: .admin, Fixed.keyB.publicKey: .member, Fixed.keyRelay.publicKey: .relay]
+        let fresh = RelayMembers.sign(group: Fixed.group, sequence: 1_700_000_000_000, members: list, by: Fixed.keyA)
+        let old = ((stored?["members"] as? JSON)?["members"]).flatMap { try? RelayMembers(bytes: unhex($0)) }
+        let members = old.flatMap { $0.isSelfSigned && $0.lists(list) && $0.sequence == fresh.sequence ? $0 : nil } ?? fresh
+        return ["members": hex(members.bytes), "body": hex(Array(members.bytes.dropLast(64))), "signerKey": hex(Fixed.keyA.publicKey.x963),
+                "relayKey": hex(Fixed.keyRelay.publicKey.x963), "memberKey": hex(Fixed.keyB.publicKey.x963), "sequence": "1700000000000"]
+    }
+
+    /// Relay session frames (§20.4), each as it goes on the wire.
+    func relayMessages(_ blob: SealedBlob, _ envelope: KeyEnvelope) -> [JSON] {
+        let messages: [(String, RelayMessage)] = [
+            ("hello without a member list", .hello(group: Fixed.group, members: nil, enrolSecret: nil)),
+            ("want", .want([Fixed.a: 4, Fixed.b: 2])),
+            ("upload", .upload(blob)),
+            ("stored", .stored(replica: Fixed.a, last: 4, snapshot: false)),
+            ("caughtUp", .caughtUp(3)),
+            ("keys", .keys([envelope])),
+            ("notice over the byte quota", .notice(.overBytes, "the group's storage quota is full")),
+            ("refused: not a member", .refused(.notMember, "not a member")),
+            ("ping", .ping(7)),
+        ]
+        return messages.map { name, message in ["name": name, "frame": hex(message.frame)] }
     }
 
     // MARK: seen (compaction gossip, PROTOCOL §19)

@@ -7,6 +7,7 @@ import Foundation
 @testable import PeerSyncNetwork
 @testable import PeerSyncWire
 @testable import PeerSyncSeal
+import PeerSyncRelay
 import Testing
 
 /// Checks every file of docs/vectors against this implementation: the bytes it writes for the
@@ -73,6 +74,22 @@ struct VectorTests {
                 }
                 #expect(kind == expected, "\(v["name"]!)")
             }
+        }
+        // Member lists (§20.3), relay codes and relay session frames (§20.4).
+        let membersInfo = file["members"] as! JSON
+        let members = try RelayMembers(bytes: unhex(membersInfo["members"]))
+        #expect(members.isSelfSigned && members.groupID == group)
+        #expect(members.member(DevicePublicKey(x963: unhex(membersInfo["relayKey"]))!.deviceID)?.role == .relay)
+        #expect(members.member(DevicePublicKey(x963: unhex(membersInfo["memberKey"]))!.deviceID)?.role == .member)
+        let codeInfo = file["relayCode"] as! JSON
+        let code = try RelayCode(parsing: codeInfo["code"] as! String)
+        #expect(hex(code.relay.bytes) == codeInfo["relayDeviceID"] as! String && hex(code.secret) == codeInfo["secret"] as! String)
+        for v in file["relayMessages"] as! [JSON] {
+            let frame = unhex(v["frame"])
+            var splitter = FrameSplitter()
+            splitter.append(frame)
+            let (type, body) = try #require(try splitter.next(), "\(v["name"]!)")
+            #expect(try RelayMessage.decode(type: type, body: body).frame == frame, "\(v["name"]!)")
         }
         let envelopeInfo = file["envelope"] as! JSON
         let envelope = try KeyEnvelope(bytes: unhex(envelopeInfo["envelope"]))
