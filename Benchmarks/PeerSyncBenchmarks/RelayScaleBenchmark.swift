@@ -202,7 +202,8 @@ enum RelayScaleBenchmark {
     static func startRelay(_ directory: String) throws -> (Process, Int, RelayCode) {
         let process = Process()
         process.executableURL = peersyncTool
-        process.arguments = ["relay", "serve", "--store", directory, "--listen", "127.0.0.1:0", "--log-level", "error"]
+        process.arguments = ["relay", "serve", "--store", directory, "--listen", "127.0.0.1:0", "--log-level", "error",
+                             "--max-connections-per-address", "4096"]  // every simulated device is on 127.0.0.1
         let output = Pipe()
         process.standardOutput = output
         process.standardError = FileHandle.nullDevice

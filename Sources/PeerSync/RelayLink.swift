@@ -48,6 +48,10 @@ actor RelayLink {
     private var quotaPauseUntil: ContinuousClock.Instant?
     private var reported: Set<String> = []
     private var wake: AsyncStream<Void>.Continuation?
+    /// This device's own join, while it asks through the relay.
+    private var pendingJoin: PendingJoin?
+    /// The inviter's key, from the relay (its device ID checked), while this device joins.
+    private var inviterKey: DevicePublicKey?
     /// A blob was refused for want of its data key (asked again when keys arrive).
     private var lackedKey = false
     /// The relay has welcomed this session (uploads wait for its vector).
@@ -117,7 +121,15 @@ actor RelayLink {
                 throw ReplicaError.relay("the device at \(address) (\(relayKey.deviceID.shortForm)) is not a relay of this group (removed, or a device); take it out of the relays to dial")
             }
             status.relay = relayKey.deviceID.shortForm
-            try await writer.write(RelayMessage.hello(group: group, members: nil, enrolSecret: nil).frame)
+            // A device still joining asks its inviter through the relay; the relay welcomes it
+            // once the inviter's node has admitted it (PROTOCOL §20.6).
+            if let join = await replica.pendingJoin, !join.isRecovery {
+                pendingJoin = join
+                try await writer.write(RelayMessage.join(group: group, inviter: join.inviter).frame)
+            } else {
+                pendingJoin = nil
+                try await writer.write(RelayMessage.hello(group: group, members: nil, enrolSecret: nil).frame)
+            }
             let (stream, continuation) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
             wake = continuation
             defer { continuation.finish() }
@@ -179,6 +191,7 @@ actor RelayLink {
                 status.lastUpload = Date()
             case .caughtUp:
                 try applyBlobs(&blobs)
+                if pendingJoin != nil, try await replica.finishJoinIfAdmitted() { pendingJoin = nil }
                 ledger.answeredWant()
                 status.connected = true
                 status.lastError = nil
@@ -207,11 +220,28 @@ actor RelayLink {
                 }
             case .seen(let reports):
                 receiveReports(reports)
-            case .hello, .upload, .want, .members:
+            case .joinWelcome(let inviterKey):
+                guard let join = pendingJoin, inviterKey.deviceID == join.inviter else {
+                    throw ReplicaError.relay("the relay offered a key that is not the inviter's")
+                }
+                self.inviterKey = inviterKey
+                try await replica.rememberInviterKey(inviterKey)
+                let request = try JoinRequest.seal(join.entry, group: replica.groupID, joiner: replica.deviceID, to: inviterKey)
+                try await writer.write(RelayMessage.joinRequest(request).frame)
+                status.lastError = "waiting for the inviter (\(join.inviter.shortForm)) to admit this device through the relay"
+            case .joinRequest(let request):
+                do {
+                    let name = try await replica.admitThroughRelay(request, maxClockSkew: timing.maxClockSkew)
+                    logger.info("admitted \(name) through the relay", metadata: ["relay.address": "\(address)"])
+                } catch {
+                    logger.warning("refused a join request from the relay", metadata: ["relay.address": "\(address)", "error": "\(error)"])
+                }
+            case .hello, .upload, .want, .members, .join:
                 logger.warning("relay sent a device's message", metadata: ["relay.address": "\(address)"])
             }
         }
         try applyBlobs(&blobs)
+        if pendingJoin != nil, try await replica.finishJoinIfAdmitted() { pendingJoin = nil }
         wake?.yield()
     }
 
@@ -247,7 +277,7 @@ actor RelayLink {
         guard !blobs.isEmpty else { return }
         defer { blobs = [] }
         let relay = "relay \(status.relay ?? address.description)"
-        let (applied, refused) = try replica.applyRelayBlobs(blobs, relay: relay, maxClockSkew: timing.maxClockSkew)
+        let (applied, refused) = try replica.applyRelayBlobs(blobs, relay: relay, maxClockSkew: timing.maxClockSkew, inviter: inviterKey)
         for blob in applied {
             ledger.received(replica: blob.replica, first: blob.firstCounter, last: blob.lastCounter, head: blob.head, covers: blob.covers)
         }

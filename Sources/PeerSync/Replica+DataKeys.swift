@@ -20,10 +20,23 @@ extension Replica {
         let roster = state.roster(of: groupID)
         let key = deviceKey
         let group = groupID
+        // A device joining through a relay knows its inviter's key before its roster does
+        // (the relay gave it; its ID is the invite's): until the roster names the inviter, the
+        // inviter's envelopes count — the roster it needs is sealed with their key.
+        let inviter: DevicePublicKey? = if case .bytes(let raw)? = state.localSettings[Self.joinInviterKeySetting] {
+            DevicePublicKey(x963: raw)
+        } else {
+            nil
+        }
         return Self.envelopes(in: state).compactMap { envelope in
-            guard envelope.recipient == key.deviceID, roster.role(of: envelope.sender) == .admin,
-                  let sender = roster.devices[envelope.sender], envelope.isSigned(by: sender.publicKey) else { return nil }
-            return try? envelope.open(with: key, group: group)
+            guard envelope.recipient == key.deviceID else { return nil }
+            if roster.role(of: envelope.sender) == .admin, let sender = roster.devices[envelope.sender], envelope.isSigned(by: sender.publicKey) {
+                return try? envelope.open(with: key, group: group)
+            }
+            if roster.devices[envelope.sender] == nil, let inviter, inviter.deviceID == envelope.sender, envelope.isSigned(by: inviter) {
+                return try? envelope.open(with: key, group: group)
+            }
+            return nil
         }
     }
 
@@ -77,6 +90,17 @@ extension Replica {
                 return try Self.writeEnvelopes(key, to: missing, group: group, by: me, into: &state)
             }
             return written
+        }
+    }
+
+    /// The local setting holding the inviter's key while this device joins through a relay.
+    static let joinInviterKeySetting = "peersync.relay-join-inviter-key"
+
+    /// Remembers the inviter's key a relay gave (its device ID checked against the invite's).
+    package func rememberInviterKey(_ key: DevicePublicKey) async throws {
+        try await commit { state in
+            _ = state.setSetting(Self.joinInviterKeySetting, to: .bytes(key.x963), scope: .local)
+            return nil
         }
     }
 

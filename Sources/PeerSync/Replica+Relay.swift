@@ -129,22 +129,49 @@ extension Replica {
     /// Opens, checks and applies blobs a relay sent, in order, as one import (the commit feed
     /// tells the app and ships them to directly connected peers). Returns one line per blob
     /// refused — nothing of a refused blob is applied — and the blobs applied.
-    package nonisolated func applyRelayBlobs(_ blobs: [SealedBlob], relay: String, maxClockSkew: Duration) throws -> (applied: [SealedBlob], refused: [String]) {
+    package nonisolated func applyRelayBlobs(_ blobs: [SealedBlob], relay: String, maxClockSkew: Duration,
+                                             inviter: DevicePublicKey? = nil) throws -> (applied: [SealedBlob], refused: [String]) {
         var refused: [String] = []
         var applied: [SealedBlob] = []
         var deltas: [RecordMap] = []
         var origins: [ChangeOrigin] = []
         var roster = self.roster()
-        for blob in blobs {
+        // Blobs whose signer this roster does not know yet wait for the blobs that admit it (a
+        // new device learns the roster from these very blobs, in no causal order): passes until
+        // one makes no progress.
+        var waiting = blobs
+        var progress = true
+        while progress, !waiting.isEmpty {
+            progress = false
+            var unknown: [SealedBlob] = []
+            for blob in waiting {
+                if roster.devices[blob.writer] == nil, blob.writer != inviter?.deviceID {
+                    unknown.append(blob)
+                    continue
+                }
+                progress = true
+                open(blob)
+            }
+            waiting = unknown
+        }
+        for blob in waiting { refused.append("\(SealError.badSignature("signed by \(blob.writer.shortForm), not a device of this group"))") }
+        func open(_ blob: SealedBlob) {
             do {
                 guard blob.groupID == groupID else { throw SealError.notForThis("a blob of another group") }
                 // The signer: any device the roster ever admitted (blobs outlive removals; what a
-                // removed device wrote after its cutoff is stripped below, as in sync).
-                guard let writer = roster.devices[blob.writer], writer.role.isDevice else {
+                // removed device wrote after its cutoff is stripped below, as in sync) — or, for a
+                // device still joining, its inviter, by the key the relay gave (its ID checked).
+                let signer: (key: DevicePublicKey, name: String)
+                if let writer = roster.devices[blob.writer] {
+                    guard writer.role.isDevice else { throw SealError.badSignature("signed by \(blob.writer.shortForm), not a device of this group") }
+                    signer = (writer.publicKey, writer.name)
+                } else if let inviter, inviter.deviceID == blob.writer {
+                    signer = (inviter, "the inviter")
+                } else {
                     throw SealError.badSignature("signed by \(blob.writer.shortForm), not a device of this group")
                 }
-                guard blob.isSigned(by: writer.publicKey) else {
-                    throw SealError.badSignature("the signature is not \(writer.name)'s (altered, or attributed to another writer)")
+                guard blob.isSigned(by: signer.key) else {
+                    throw SealError.badSignature("the signature is not \(signer.name)'s (altered, or attributed to another writer)")
                 }
                 guard let key = dataKey(for: blob) else {
                     throw SealError.cannotOpen("sealed with epoch \(blob.epoch)'s key, which this device does not hold")
@@ -214,5 +241,50 @@ extension Replica {
         for task in relayTasks { await task.value }
         relayTasks = []
         relayLinks = []
+    }
+}
+
+// Joining through a relay (PROTOCOL §20.6): the joiner's enrol reaches its inviter sealed; the
+// inviter admits it as it would in a direct session; the relay welcomes the joiner once the
+// member list names it.
+extension Replica {
+    /// Admits the device whose join request a relay carried (the inviter's device): the same
+    /// checks as a direct join — its enrol entry, signed by it, with an open invite's token —
+    /// then the admission and an admin's confirmation are written. Returns the joiner's name.
+    package func admitThroughRelay(_ request: JoinRequest, maxClockSkew: Duration) async throws -> String {
+        let entry = try RosterEntry(bytes: try request.open(with: deviceKey))
+        guard case .enrol(let token, let name) = entry.payload, entry.signer == request.joiner, entry.groupID == groupID else {
+            throw ReplicaError.relay("a join request whose entry is not the joiner's own enrol in this group")
+        }
+        let now = HybridLogicalClock.wallClock()
+        let skew = UInt64(max(0, maxClockSkew.wholeMilliseconds))
+        guard entry.timestamp.physicalMilliseconds <= now &+ skew else { throw ReplicaError.relay("the join request is dated in the future") }
+        let roster = self.roster()
+        if roster.isActive(request.joiner) { return name }
+        let validation = roster.validate(incoming: [entry])
+        if let refusal = validation.refused.first { throw ReplicaError.relay("the join request is refused: \(refusal)") }
+        if let refusal = roster.joinRefusal(token: token, now: now) { throw ReplicaError.relay("the join request is refused: \(refusal)") }
+        guard validation.roster.isActive(request.joiner) else { throw ReplicaError.relay("the roster does not admit \(name)") }
+        let identity = self.identity
+        try await commit { state in
+            try state.storeAdmission([entry], of: request.joiner, signer: identity, maxSkewMilliseconds: skew)
+        }
+        logger.info("admitted a device through a relay", metadata: ["device": "\(request.joiner.shortForm)", "name": "\(name)"])
+        return name
+    }
+
+    /// Ends this device's join once the roster it holds admits it (its inviter admitted it
+    /// through a relay). Returns whether it did.
+    @discardableResult
+    package func finishJoinIfAdmitted() throws -> Bool {
+        guard pendingJoin != nil, roster().isActive(deviceID) else { return false }
+        pendingJoin = nil
+        try store.setMembership(GroupMembership(groupID: groupID.bytes))
+        _ = try store.write { state in
+            _ = state.setSetting(Self.joinInviterKeySetting, to: nil, scope: .local)
+            return nil
+        }
+        logger.info("joined the group through a relay")
+        return true
     }
 }

@@ -56,6 +56,8 @@ package struct RelayGroup: Sendable {
         var newest: [[UInt8]: SeenReport] = [:]
         for report in offered where report.groupID == members.groupID.bytes {
             let slot = Self.reportKey(report)
+            // Bounded: a few replicas per member (incarnations after restores), no more.
+            guard reports[slot] != nil || newest[slot] != nil || reports.count + newest.count < members.members.count * 8 else { continue }
             guard report.time > max(reports[slot]?.time ?? 0, newest[slot]?.time ?? 0),
                   let device = DeviceID(bytes: report.device), let (key, _) = members.member(device), admits(device),
                   key.isValidSignature(report.signature, for: SeenReport.signingDomain + report.body) else { continue }
@@ -66,6 +68,30 @@ package struct RelayGroup: Sendable {
 
     package mutating func stored(reports new: [SeenReport]) {
         for report in new { reports[Self.reportKey(report)] = report }
+    }
+
+    /// Join requests waiting for their inviter, by joiner (in memory: a joiner that is still
+    /// waiting sends its request again when it reconnects).
+    public private(set) var joinRequests: [DeviceID: JoinRequest] = [:]
+    /// Most join requests a group holds at once (the oldest goes).
+    static let maxJoinRequests = 64
+
+    /// Whether `joiner` may ask `inviter` to admit it here: the inviter is an admin of the list,
+    /// and the joiner is not a member already.
+    package func acceptsJoin(of joiner: DeviceID, inviter: DeviceID) -> DevicePublicKey? {
+        guard !admits(joiner), let (key, role) = members.member(inviter), role == .admin else { return nil }
+        return key
+    }
+
+    package mutating func hold(_ request: JoinRequest) {
+        if joinRequests.count >= Self.maxJoinRequests, joinRequests[request.joiner] == nil, let any = joinRequests.keys.first {
+            joinRequests[any] = nil
+        }
+        joinRequests[request.joiner] = request
+    }
+
+    package mutating func dropJoinRequests(admitted: (DeviceID) -> Bool) {
+        joinRequests = joinRequests.filter { !admitted($0.key) }
     }
 
     /// The envelopes addressed to `device`.

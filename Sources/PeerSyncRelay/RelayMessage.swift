@@ -64,6 +64,13 @@ package enum RelayMessage: Sendable, Equatable {
     /// Both ways: signed compaction reports (PROTOCOL §19.1), so devices that meet only through
     /// the relay learn what is stable. The relay keeps each replica's newest.
     case seen([SeenReport])
+    /// Device → relay, instead of hello: a device with an invite that is not a member yet asks
+    /// to reach its inviter (PROTOCOL §20.6).
+    case join(group: GroupID, inviter: DeviceID)
+    /// Relay → joining device: the inviter's key, so the device can seal its request to it.
+    case joinWelcome(inviterKey: DevicePublicKey)
+    /// Joining device → relay, and relay → inviter: the sealed request.
+    case joinRequest(JoinRequest)
     case ping(UInt64)
     case pong(UInt64)
     /// Relay → device: the member list it holds (an admin sends a newer one if the roster
@@ -82,8 +89,8 @@ package enum RelayMessage: Sendable, Equatable {
     case notice(RelayRefusal, String)
 
     package enum Kind: UInt8, Sendable {
-        case hello = 64, upload = 65, want = 66, members = 67, ping = 68, pong = 69, keys = 70, seen = 71
-        case welcome = 80, blob = 81, stored = 82, caughtUp = 83, refused = 84, notice = 85
+        case hello = 64, upload = 65, want = 66, members = 67, ping = 68, pong = 69, keys = 70, seen = 71, join = 72, joinRequest = 73
+        case welcome = 80, blob = 81, stored = 82, caughtUp = 83, refused = 84, notice = 85, joinWelcome = 86
     }
 
     static let version: UInt8 = 1
@@ -98,6 +105,9 @@ package enum RelayMessage: Sendable, Equatable {
         case .members: .members
         case .keys: .keys
         case .seen: .seen
+        case .join: .join
+        case .joinWelcome: .joinWelcome
+        case .joinRequest: .joinRequest
         case .ping: .ping
         case .pong: .pong
         case .welcome: .welcome
@@ -132,6 +142,14 @@ package enum RelayMessage: Sendable, Equatable {
         case .seen(let reports):
             w.varint(UInt64(reports.count))
             for report in reports { w.lengthPrefixed(report.bytes) }
+        case .join(let group, let inviter):
+            w.byte(Self.version)
+            w.raw(group.bytes)
+            w.raw(inviter.bytes)
+        case .joinWelcome(let key):
+            w.raw(key.x963)
+        case .joinRequest(let request):
+            w.raw(request.bytes)
         case .ping(let nonce), .pong(let nonce):
             w.varint(nonce)
         case .welcome(let members, let blobs, let bytes, let covered):
@@ -190,6 +208,14 @@ package enum RelayMessage: Sendable, Equatable {
         case .blob: return .blob(try SealedBlob(bytes: body))
         case .members: return .members(try RelayMembers(bytes: body))
         case .want: message = .want(try readVector(&r))
+        case .join:
+            let version = try r.byte("version")
+            guard version == Self.version else { throw .malformed("relay protocol version \(version), this side speaks \(Self.version)") }
+            message = .join(group: GroupID(bytes: try r.raw(16, "group"))!, inviter: DeviceID(bytes: try r.raw(20, "inviter"))!)
+        case .joinWelcome:
+            guard let key = DevicePublicKey(x963: try r.raw(65, "inviter key")) else { throw .malformed("relay joinWelcome: not a P-256 point") }
+            message = .joinWelcome(inviterKey: key)
+        case .joinRequest: return .joinRequest(try JoinRequest(bytes: body))
         case .keys:
             let count = try r.varint("envelope count")
             guard count <= 4096 else { throw .malformed("relay keys: \(count) envelopes") }

@@ -51,6 +51,8 @@ package actor RelayService {
     private struct Connection {
         let client: any RelayClient
         var group: GroupID?
+        /// A device not yet a member, asking its inviter through the relay: group and inviter.
+        var joining: (group: GroupID, inviter: DeviceID)?
     }
     private var connections: [ObjectIdentifier: Connection] = [:]
     private var byGroup: [GroupID: Set<ObjectIdentifier>] = [:]
@@ -98,7 +100,9 @@ package actor RelayService {
     }
 
     /// Whether the connection has said hello (connections that do not are closed after the handshake timeout).
-    public func greeted(_ client: any RelayClient) -> Bool { connections[ObjectIdentifier(client)]?.group != nil }
+    public func greeted(_ client: any RelayClient) -> Bool {
+        connections[ObjectIdentifier(client)].map { $0.group != nil || $0.joining != nil } ?? false
+    }
 
     public func closed(_ client: any RelayClient) {
         let id = ObjectIdentifier(client)
@@ -138,6 +142,27 @@ package actor RelayService {
         case .ping(let nonce):
             return [.send(RelayMessage.pong(nonce).frame)]
         case .pong:
+            return []
+        case .join(let groupID, let inviter):
+            guard connection.group == nil, connection.joining == nil else { return refuse(client, .malformed, "a join after hello") }
+            guard let group = groups[groupID] else { return refuse(client, .unknownGroup, "this relay serves no group \(groupID)") }
+            if group.admits(client.device) { return hello(client, group: groupID, members: nil, secret: nil) }
+            guard let key = group.acceptsJoin(of: client.device, inviter: inviter) else {
+                return refuse(client, .notMember, "device \(inviter.shortForm) is not an admin of group \(groupID) at this relay, or the device was removed")
+            }
+            connections[id]?.joining = (groupID, inviter)
+            return [.send(RelayMessage.joinWelcome(inviterKey: key).frame)]
+        case .joinRequest(let request):
+            guard let joining = connection.joining, request.groupID == joining.group, request.joiner == client.device,
+                  request.inviter == joining.inviter, var group = groups[joining.group] else {
+                return refuse(client, .malformed, "a join request out of place, or for another device")
+            }
+            group.hold(request)
+            groups[joining.group] = group
+            let frame = RelayMessage.joinRequest(request).frame
+            for other in byGroup[joining.group, default: []] where connections[other]?.client.device == request.inviter {
+                connections[other]?.client.offer(frame)
+            }
             return []
         default:
             break
@@ -248,12 +273,21 @@ package actor RelayService {
         connections[id]?.group = groupID
         byGroup[groupID, default: []].insert(id)
         let group = groups[groupID]!
-        replies.append(.send(RelayMessage.welcome(members: group.members, blobs: UInt64(group.blobCount), bytes: UInt64(group.byteCount),
-                                                  covered: group.covered).frame))
-        let keys = group.envelopes(for: client.device)
-        if !keys.isEmpty { replies.append(.send(RelayMessage.keys(keys).frame)) }
-        if !group.reports.isEmpty { replies.append(.send(RelayMessage.seen(Array(group.reports.values)).frame)) }
+        replies += welcomeFrames(group, for: client.device).map { .send($0) }
+        for request in group.joinRequests.values where request.inviter == client.device {
+            replies.append(.send(RelayMessage.joinRequest(request).frame))
+        }
         return replies
+    }
+
+    /// What a device hears when its session begins: the welcome, its key envelopes, the reports.
+    private func welcomeFrames(_ group: RelayGroup, for device: DeviceID) -> [[UInt8]] {
+        var frames = [RelayMessage.welcome(members: group.members, blobs: UInt64(group.blobCount), bytes: UInt64(group.byteCount),
+                                           covered: group.covered).frame]
+        let keys = group.envelopes(for: device)
+        if !keys.isEmpty { frames.append(RelayMessage.keys(keys).frame) }
+        if !group.reports.isEmpty { frames.append(RelayMessage.seen(Array(group.reports.values)).frame) }
+        return frames
     }
 
     private func members(_ newer: RelayMembers, for group: inout RelayGroup, from client: any RelayClient) -> [RelayReply] {
@@ -279,7 +313,15 @@ package actor RelayService {
                 return [.send(RelayMessage.notice(.other, "the relay could not store the member list: \(error)").frame)]
             }
             group.take(newer)
+            // Devices waiting to join that the new list admits are welcomed on their connection.
+            group.dropJoinRequests(admitted: group.admits)
             groups[groupID] = group
+            for (other, connection) in connections where connection.joining?.group == groupID && group.admits(connection.client.device) {
+                connections[other]?.joining = nil
+                connections[other]?.group = groupID
+                byGroup[groupID, default: []].insert(other)
+                for frame in welcomeFrames(group, for: connection.client.device) { connection.client.offer(frame) }
+            }
             // Devices the new list no longer names lose their sessions now.
             for other in byGroup[groupID, default: []] {
                 guard let connection = connections[other], !group.admits(connection.client.device) else { continue }

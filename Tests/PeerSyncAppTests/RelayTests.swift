@@ -272,4 +272,34 @@ struct RelayTests {
         for replica in replicas + fresh { await replica.close() }
         await relay.stop()
     }
+
+    @Test func aDeviceWithAnInviteJoinsThroughTheRelayWithNoOtherMemberOnItsNetwork() async throws {
+        let relay = try await TestRelay()
+        let directories = try (0..<2).map { _ in try makeTemporaryDirectory("peersync-relay-join") }
+        defer { for directory in directories { removeTemporaryDirectory(directory) } }
+        let office = try Replica.create(at: directories[0], name: "office", logger: testLogger("office"))
+        try await office.enrolRelay(at: relay.address, code: relay.code)
+        try await office.save(Location(name: "Head office"))
+        try await viaRelay(office, relay)
+        // Dana never meets the office: her invite reaches it through the relay.
+        let dana = try Replica.join(at: directories[1], name: "dana", invite: try await office.invite(), logger: testLogger("dana"))
+        #expect(await dana.pendingJoin != nil)
+        try await viaRelay(dana, relay)
+        #expect(await eventually { office.roster().isActive(dana.deviceID) })
+        #expect(await eventually { await dana.pendingJoin == nil })
+        #expect(await eventually { (try? self.names(dana)) == ["Head office"] })
+        try await dana.save(Location(name: "Dana's site"))
+        #expect(await eventually { (try? self.names(office)) == ["Head office", "Dana's site"] })
+        #expect(await eventually { office.state.records.digest == dana.state.records.digest })
+        // A stranger with a made-up invite gets nowhere: the office refuses its request.
+        let strangerDirectory = try makeTemporaryDirectory("peersync-relay-join")
+        defer { removeTemporaryDirectory(strangerDirectory) }
+        let forged = InviteCode(groupID: office.groupID, inviter: office.deviceID, token: InviteToken.generate())
+        let stranger = try Replica.join(at: strangerDirectory, name: "mallory", invite: forged, logger: testLogger("mallory"))
+        try await viaRelay(stranger, relay)
+        #expect(await eventually { (await stranger.relayStatus().first?.lastError ?? "").contains("waiting for the inviter") })
+        #expect(!office.roster().devices.keys.contains(stranger.deviceID))
+        for replica in [office, dana, stranger] { await replica.close() }
+        await relay.stop()
+    }
 }

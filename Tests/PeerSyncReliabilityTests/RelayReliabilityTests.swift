@@ -112,7 +112,9 @@ struct RelayReliabilityTests {
         let greedy = try await Relays.team(2, label: "peersync-relay-greedy")
         let relayDirectory = try makeTemporaryDirectory("peersync-relay-hostile")
         defer { (honest + greedy + [relayDirectory]).forEach(removeTemporaryDirectory) }
-        let (relay, port, code) = try Relays.start(relayDirectory, extra: ["--group-bytes", "400000"])
+        // Every client here is on 127.0.0.1: the per-address limit is raised so the idle
+        // connections and the strangers reach TLS and the decoders (the limit has tests of its own).
+        let (relay, port, code) = try Relays.start(relayDirectory, extra: ["--group-bytes", "400000", "--max-connections-per-address", "4096"])
         defer { relay.kill(SIGTERM) }
         let address = "127.0.0.1:\(port)"
         for store in [honest[0], greedy[0]] { try #require(try Nodes.cli(store, ["relays", "add", address, code]).status == 0) }

@@ -53,7 +53,7 @@ extension ReplicaState {
     /// ``Roster/confirmation(of:by:)``), dated after the admitting entry, so it has no effect
     /// here but proves the admission to peers that lack the enrol. Returns the delta, or nil if
     /// nothing was written. The caller checked that no entry is dated past the clock-skew bound.
-    mutating func storeAdmission(_ entries: [RosterEntry], of device: DeviceID, signer: LocalIdentity,
+    package mutating func storeAdmission(_ entries: [RosterEntry], of device: DeviceID, signer: LocalIdentity,
                                  maxSkewMilliseconds: UInt64) throws -> RecordMap? {
         var delta = RecordMap.empty()
         var wrote = false
