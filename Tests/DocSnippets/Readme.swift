@@ -5,7 +5,7 @@ import PeerSync
 
 /// The snippets of README.md, compiled (issue 31: docs that compile).
 enum ReadmeSnippets {
-    // README.md:105
+    // README.md:104
     struct Location: SyncRecord {
         static let collection = "locations"
         var id = UUID()
@@ -19,7 +19,7 @@ enum ReadmeSnippets {
         var locationID: UUID?
     }
 
-    // README.md:105
+    // README.md:104
     static func snippet1() async throws {
 
         // Typed records are plain Codable structs of the app's own.
