@@ -282,7 +282,13 @@ actor RelayLink {
             ledger.received(replica: blob.replica, first: blob.firstCounter, last: blob.lastCounter, head: blob.head, covers: blob.covers)
         }
         for reason in refused {
-            if reason.contains("does not hold") { lackedKey = true }
+            // Sealed with a key that has not reached this device yet (a device joining, a new
+            // epoch): asked again when keys arrive, not a fault of the relay's.
+            if reason.contains("does not hold") {
+                lackedKey = true
+                logger.debug("a blob waits for its key", metadata: ["relay.address": "\(address)", "reason": "\(reason)"])
+                continue
+            }
             status.refusedBlobs += 1
             // The watchdog names the relay that sent it.
             logger.warning("refused a blob from \(relay)", metadata: ["relay.address": "\(address)", "reason": "\(reason)"])

@@ -35,7 +35,7 @@ struct Init: AsyncParsableCommand {
                 replica = try Replica.join(at: options.directory, name: name, invite: code)
                 print("created replica \(replica.replicaID) (\(name)) in \(options.directory)")
                 print("device \(replica.deviceID)")
-                print("joining the group of the invite; run `peersync run` (with --peer INVITER-HOST:PORT where multicast is blocked) to complete it")
+                print("joining the group of the invite; run `peersync run` to complete it (with --peer INVITER-HOST:PORT where multicast is blocked, or --relay HOST:PORT through a relay of the group)")
             case .failure(let error):
                 guard case .oldStyleGroupSecret = error as? InviteCodeParseError else { throw CLIError("\(error)") }
                 let secret: GroupSecret
@@ -84,7 +84,7 @@ struct Join: AsyncParsableCommand {
                                        keepingData: !fresh)
         let records = replica.state.records.allRecords.filter { $0.1.isVisible && !$0.0.collection.hasPrefix("_") }.count
         print("joining the group of the invite as \(replica.deviceID.shortForm) (\(replica.state.name)), with \(records) record\(records == 1 ? "" : "s") of this store")
-        print("run `peersync run` (with --peer INVITER-HOST:PORT where multicast is blocked) to complete it")
+        print("run `peersync run` to complete it (with --peer INVITER-HOST:PORT where multicast is blocked, or --relay HOST:PORT through a relay of the group)")
         await replica.close()
     }
 }
