@@ -323,6 +323,7 @@ actor RelayLink {
         defer { changes.cancel() }
         for await _ in wakes {
             try Task.checkCancellation()
+            try await replica.cacheDataKeys()
             try await offerMembers(writer)
             try await offerEnvelopes(writer)
             try await uploadWhatTheRelayLacks(writer)

@@ -93,6 +93,35 @@ extension Replica {
         }
     }
 
+    /// Local settings under this prefix keep the data keys this device has opened, so blobs
+    /// sealed under an epoch whose admin was removed since still open here (the envelopes stop
+    /// counting then). Only for opening: sealing uses keys from active admins' envelopes.
+    static let dataKeyCachePrefix = "peersync.data-key."
+
+    /// Data keys this device opened before (``cacheDataKeys()``).
+    package nonisolated func cachedDataKeys() -> [DataKey] {
+        state.localSettings.compactMap { name, value -> DataKey? in
+            guard name.hasPrefix(Self.dataKeyCachePrefix), case .bytes(let raw) = value, raw.count == 40 else { return nil }
+            let epoch = raw.prefix(8).reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
+            return DataKey(epoch: epoch, bytes: Array(raw.suffix(32)))
+        }
+    }
+
+    /// Keeps every data key this device can open now among its local settings (never synced).
+    package func cacheDataKeys() async throws {
+        let cached = Set(cachedDataKeys().map(\.id))
+        let new = dataKeys().filter { !cached.contains($0.id) }
+        guard !new.isEmpty else { return }
+        try await commit { state in
+            for key in new {
+                let epoch = (0..<8).reversed().map { UInt8(truncatingIfNeeded: key.epoch >> (UInt64($0) * 8)) }
+                let name = Self.dataKeyCachePrefix + key.id.map { String(format: "%02x", $0) }.joined()
+                _ = state.setSetting(name, to: .bytes(epoch + key.bytes), scope: .local)
+            }
+            return nil
+        }
+    }
+
     /// The local setting holding the inviter's key while this device joins through a relay.
     static let joinInviterKeySetting = "peersync.relay-join-inviter-key"
 

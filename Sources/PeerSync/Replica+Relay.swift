@@ -74,7 +74,7 @@ extension Replica {
 
     /// The data key a blob names, if this device holds it.
     nonisolated func dataKey(for blob: SealedBlob) -> DataKey? {
-        dataKeys().first { $0.epoch == blob.epoch && $0.id == blob.keyID }
+        (dataKeys() + cachedDataKeys()).first { $0.epoch == blob.epoch && $0.id == blob.keyID }
     }
 
     /// Most plaintext bytes one sealed blob carries (a relay frame stays under the frame limit).

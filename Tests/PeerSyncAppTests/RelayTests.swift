@@ -302,4 +302,30 @@ struct RelayTests {
         for replica in [office, dana, stranger] { await replica.close() }
         await relay.stop()
     }
+
+    @Test func keysOfAnEpochWhoseAdminWasRemovedStillOpenWhatWasSealedWithThem() async throws {
+        let (replicas, directories) = try await team(["office", "ben", "carla"])
+        defer { for directory in directories { removeTemporaryDirectory(directory) } }
+        let (office, ben, carla) = (replicas[0], replicas[1], replicas[2])
+        try await office.setRole(ben.deviceID, to: .admin)
+        try await office.rotateDataKey()
+        try await office.save(Location(name: "sealed in epoch 0"))
+        let port = try await ben.startSync(SyncConfiguration(security: .tls, listen: .loopback(0)))
+        for replica in [office, carla] { try await replica.startSync(SyncConfiguration(security: .tls, listen: nil, peers: [.loopback(port)])) }
+        #expect(await eventually { carla.currentDataKey() != nil && ben.roster().role(of: ben.deviceID) == .admin })
+        let (blob, _) = try #require(try office.sealEvents(of: office.replicaID, after: 0))
+        try await carla.cacheDataKeys()
+        // Ben removes the office: its envelopes stop counting everywhere.
+        await office.stopSync()
+        try await ben.removeDevice(office.deviceID)
+        #expect(await eventually { carla.roster().isRemoved(office.deviceID) && carla.dataKeys().allSatisfy { $0.epoch != 0 } })
+        // What it sealed before still opens on Carla, from her cache.
+        await carla.stopSync()
+        let fresh = try Replica.open(at: directories[2], name: "carla", logger: testLogger("carla"))
+        let (applied, refused) = try fresh.applyRelayBlobs([blob], relay: "test", maxClockSkew: .seconds(300))
+        #expect(refused.isEmpty, "\(refused)")
+        #expect(applied.count == 1)
+        for replica in replicas { await replica.close() }
+        await fresh.close()
+    }
 }
