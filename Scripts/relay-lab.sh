@@ -73,8 +73,9 @@ ALL_HOSTS="a1 a2 c1 b1 b2" # every host namespace with one lab0 (c1: control, no
 
 die() { echo "relay-lab.sh: $*" >&2; exit 1; }
 log() { echo "relay-lab.sh: $*" >&2; }
+# need, wait_for, pid_alive, none_alive, the avahi and dbus configurations, close_inherited_fds, stop_pids
+. "$(dirname "${BASH_SOURCE[0]}")/netns-common.sh"
 say() { printf '%s  %s\n' "$(date +%H:%M:%S)" "$*"; }
-need() { command -v "$1" >/dev/null 2>&1 || die "missing command: $1"; }
 
 [[ "$P" =~ ^[a-z][a-z0-9]{0,7}$ ]] || die "LAB_PREFIX must match [a-z][a-z0-9]{0,7}, got '$P'"
 [[ "$D" = /* && "$D" != / ]] || die "LAB_DIR must be an absolute path other than /, got '$D'"
@@ -82,15 +83,6 @@ need() { command -v "$1" >/dev/null 2>&1 || die "missing command: $1"; }
 [[ "$EDITS" =~ ^[0-9]+$ ]] && [ "$EDITS" -ge 1 ] && [ "$EDITS" -le 1000 ] || die "LAB_EDITS must be 1..1000"
 [[ "$LOOP_PORT" =~ ^[0-9]+$ ]] && [ "$LOOP_PORT" -ge 1024 ] && [ "$LOOP_PORT" -le 65000 ] || die "LAB_LOOP_PORT must be 1024..65000"
 
-# wait_for SECONDS CMD... : poll CMD every 0.1 s until it succeeds or SECONDS elapse (returns 1 then)
-wait_for() {
-  local limit=$1; shift
-  local end=$(( $(date +%s%N) + limit * 1000000000 ))
-  until "$@" >/dev/null 2>&1; do
-    [ "$(date +%s%N)" -lt "$end" ] || return 1
-    sleep 0.1
-  done
-}
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
 ns_of() { echo "$P-$1"; }                 # a1 -> psr-a1, rl -> psr-rl, sa -> psr-sa
@@ -108,9 +100,6 @@ relay_addr_of() { case $1 in a*|c*) echo "$RELAY_A" ;; b*) echo "$RELAY_B" ;; es
 lab_namespaces() {  # every namespace of this lab that exists now
   ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${P}-(sa|sb|rl|a1|a2|b1|b2|c1)$" || true
 }
-
-pid_alive() { [ -n "${1:-}" ] && [ -d "/proc/$1" ] && [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" != Z ]; }
-none_alive() { local p; for p in "$@"; do pid_alive "$p" && return 1; done; return 0; }
 
 # Refuse to run anything in NS unless it is a separate lab namespace without uplinks whose links all
 # match ALLOWED (an extended regex of interface names).
@@ -132,70 +121,6 @@ assert_isolated() {
   fi
 }
 
-assert_safe_avahi_conf() {
-  local f=$1
-  grep -qx "allow-interfaces=$IFN" "$f" && grep -qx 'use-ipv6=no' "$f" && grep -qx 'enable-wide-area=no' "$f" \
-    || die "$f lacks allow-interfaces=$IFN / use-ipv6=no / enable-wide-area=no - refusing"
-}
-
-write_avahi_conf() {  # $1=host name  $2=file
-  cat > "$2" <<EOF
-[server]
-host-name=$1
-domain-name=local
-use-ipv4=yes
-use-ipv6=no
-allow-interfaces=$IFN
-enable-dbus=yes
-ratelimit-interval-usec=1000000
-ratelimit-burst=1000
-
-[wide-area]
-enable-wide-area=no
-
-[publish]
-publish-hinfo=no
-publish-workstation=no
-publish-aaaa-on-ipv4=no
-publish-a-on-ipv6=no
-
-[reflector]
-enable-reflector=no
-
-[rlimits]
-EOF
-}
-
-# A system bus for one lab host: listens in the host's private /run, no service directories (nothing
-# is ever bus-activated), avahi's policy file from the system.d include.
-write_dbus_conf() {  # $1=file
-  cat > "$1" <<'EOF'
-<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <type>system</type>
-  <listen>unix:path=/run/dbus/system_bus_socket</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/>
-    <deny own="*"/>
-    <deny send_type="method_call"/>
-    <allow send_type="signal"/>
-    <allow send_requested_reply="true" send_type="method_return"/>
-    <allow send_requested_reply="true" send_type="error"/>
-    <allow receive_type="method_call"/>
-    <allow receive_type="method_return"/>
-    <allow receive_type="error"/>
-    <allow receive_type="signal"/>
-    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus"/>
-    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Introspectable"/>
-    <allow send_destination="org.freedesktop.DBus" send_interface="org.freedesktop.DBus.Properties"/>
-  </policy>
-  <includedir>/usr/share/dbus-1/system.d</includedir>
-</busconfig>
-EOF
-}
-
 # run_in NS RUNDIR HOSTNAME CMD... : exec CMD inside NS with a private mount+UTS namespace whose /run is
 # RUNDIR (so libdns_sd finds that host's dbus/avahi). Every step execs, so CMD keeps this PID; if
 # LAB_PIDFILE is set the final PID is written there. RUNDIR "-" = no private /run (plain netns).
@@ -211,16 +136,6 @@ run_in() {
            shift 2; exec "$@"' lab-run "$rundir" "$hn" "$@"
 }
 
-# close_inherited_fds : close every descriptor above 2 in this shell (a daemon must not keep the
-# caller's pipes open, nor the FIFO writer end this script holds).
-close_inherited_fds() {
-  local fd
-  for fd in /proc/$BASHPID/fd/*; do
-    fd=${fd##*/}
-    [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null || true
-  done
-}
-
 # spawn NAME DIR NS RUNDIR HOSTNAME CMD... : start CMD detached inside NS (setsid; stdin from
 # $LAB_STDIN or /dev/null; stdout DIR/NAME.out, stderr DIR/NAME.log) and record its PID in DIR/NAME.pid.
 spawn() {
@@ -232,20 +147,6 @@ spawn() {
   wait_for "$TMO" test -s "$dir/$name.pid" || die "$name in $ns did not start (see $dir/$name.log)"
 }
 pid_of() { cat "$1/$2.pid" 2>/dev/null || true; }
-
-# stop_pids LABEL PID... : SIGTERM all, wait up to TMO, then SIGKILL the rest and wait again (bounded)
-stop_pids() {
-  local what=$1; shift
-  local live=() p
-  for p in "$@"; do pid_alive "$p" && live+=("$p"); done
-  [ ${#live[@]} -gt 0 ] || return 0
-  kill -TERM "${live[@]}" 2>/dev/null || true
-  if ! wait_for "$TMO" none_alive "${live[@]}"; then
-    log "$what: pids $(for p in "${live[@]}"; do pid_alive "$p" && printf '%s ' "$p"; done)ignored SIGTERM; sending SIGKILL"
-    kill -KILL "${live[@]}" 2>/dev/null || true
-    wait_for 5 none_alive "${live[@]}" || log "WARNING: $what: some pids survived SIGKILL"
-  fi
-}
 
 # PIDs of this lab's root-namespace processes (the office step's nodes, the latency driver), only while
 # their command line still names the state dir (a recycled PID is never killed).

@@ -266,6 +266,9 @@ actor RelayLink {
             let report = SeenReport.signed(by: replica.deviceKey, group: replica.groupID, replica: replica.replicaID,
                                            time: max(HybridLogicalClock.wallClock(), (own?.time ?? 0) + 1), context: context)
             try store.saveOwnReport(report)
+            // This device's own report counts too: a step may now find more stable (the
+            // others' reports may all be in already, and none is coming to trigger it).
+            replica.scheduleCompaction()
         }
         let new = store.seenReports().filter { $0.time > reportsSent[$0.replica] ?? 0 }
         guard !new.isEmpty else { return }

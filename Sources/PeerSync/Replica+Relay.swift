@@ -207,6 +207,7 @@ extension Replica {
         }
         if !deltas.isEmpty {
             _ = try store.applyRemote(deltas, from: "relay:\(relay)", origins: origins)
+            scheduleCompaction()  // as after any commit: deletions may have become stable
         }
         return (applied, refused)
     }

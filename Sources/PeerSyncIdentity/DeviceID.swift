@@ -36,13 +36,7 @@ public struct DeviceID: Hashable, Comparable, Sendable, CustomStringConvertible 
     /// Only the key counts: the subject name and every other field are ignored, and the
     /// certificate's own signature is not checked (TLS proves the peer holds the private key).
     package init(certificateDER: [UInt8]) throws(DeviceIDError) {
-        let certificate: Certificate
-        do {
-            certificate = try Certificate(derEncoded: certificateDER)
-        } catch {
-            throw .notACertificate("\(error)")
-        }
-        try self.init(certificate: certificate)
+        self = try DevicePublicKey(certificateDER: certificateDER).deviceID
     }
 
     /// The device ID of the P-256 key of `certificate`.

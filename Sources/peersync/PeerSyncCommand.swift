@@ -30,11 +30,8 @@ struct StoreOptions: ParsableArguments {
 
     var directory: String {
         if let store { return store }
-        let env = ProcessInfo.processInfo.environment
-        if let path = env["PEERSYNC_STORE"], !path.isEmpty { return path }
-        let data = env["XDG_DATA_HOME"].flatMap { $0.isEmpty ? nil : $0 }
-            ?? (NSHomeDirectory() as NSString).appendingPathComponent(".local/share")
-        return (data as NSString).appendingPathComponent("peersync")
+        if let path = ProcessInfo.processInfo.environment["PEERSYNC_STORE"], !path.isEmpty { return path }
+        return dataDirectory("peersync")
     }
 
     func openStore() throws -> ReplicaStore {
@@ -45,6 +42,24 @@ struct StoreOptions: ParsableArguments {
     /// upgraded on the way).
     func openReplica(logger: Logger = Logger(label: "peersync")) throws -> Replica {
         try Replica(store: openStore(), directory: directory, logger: logger)
+    }
+}
+
+/// `$XDG_DATA_HOME/name`, or `~/.local/share/name`.
+func dataDirectory(_ name: String) -> String {
+    let data = ProcessInfo.processInfo.environment["XDG_DATA_HOME"].flatMap { $0.isEmpty ? nil : $0 }
+        ?? (NSHomeDirectory() as NSString).appendingPathComponent(".local/share")
+    return (data as NSString).appendingPathComponent(name)
+}
+
+/// Encodes `value` as JSON (dates ISO 8601) and puts it at `path` by renaming a temporary file
+/// over it, so readers never see half a file (status files `peersync status` and scripts read).
+func writeStatusFile<T: Encodable>(_ value: T, to path: String) {
+    let encoder = JSONEncoder()
+    encoder.dateEncodingStrategy = .iso8601
+    guard let data = try? encoder.encode(value) else { return }
+    if FileManager.default.createFile(atPath: path + ".tmp", contents: data) {
+        _ = rename(path + ".tmp", path)
     }
 }
 

@@ -17,13 +17,7 @@ struct Relay: AsyncParsableCommand {
         @Option(name: .long, help: "The relay's directory: its key, enrolment secret and database (default: $XDG_DATA_HOME/peersync-relay).")
         var store: String?
 
-        var directory: String {
-            if let store { return store }
-            let env = ProcessInfo.processInfo.environment
-            let data = env["XDG_DATA_HOME"].flatMap { $0.isEmpty ? nil : $0 }
-                ?? (NSHomeDirectory() as NSString).appendingPathComponent(".local/share")
-            return (data as NSString).appendingPathComponent("peersync-relay")
-        }
+        var directory: String { store ?? dataDirectory("peersync-relay") }
 
         /// The relay's device key and enrolment secret, made on first use.
         func identity() throws -> (key: DeviceKey, secret: [UInt8]) {
@@ -164,11 +158,7 @@ struct RelayStatusWriter: Service {
                                            connections: figures.connections, blobs: figures.blobs, bytes: figures.bytes,
                                            uploads: figures.uploads, forwarded: figures.forwarded,
                                            refusedConnections: figures.refusedConnections)
-                let encoder = JSONEncoder()
-                encoder.dateEncodingStrategy = .iso8601
-                if let data = try? encoder.encode(file), FileManager.default.createFile(atPath: path + ".tmp", contents: data) {
-                    _ = rename(path + ".tmp", path)
-                }
+                writeStatusFile(file, to: path)
                 try? await Task.sleep(for: .milliseconds(500))
             }
         }

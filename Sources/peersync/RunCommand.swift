@@ -264,12 +264,6 @@ struct NodeService: Service {
                                     health: NodeStatusFile.Health(await replica.syncHealth()),
                                     limits: NodeStatusFile.Limits(configuration), removal: await replica.removal?.description,
                                     relays: await replica.relayStatus().map(NodeStatusFile.RelayEntry.init))
-        let encoder = JSONEncoder()
-        encoder.dateEncodingStrategy = .iso8601
-        guard let data = try? encoder.encode(status) else { return }
-        let temporary = statusFile + ".tmp"
-        if FileManager.default.createFile(atPath: temporary, contents: data) {
-            _ = rename(temporary, statusFile)
-        }
+        writeStatusFile(status, to: statusFile)
     }
 }

@@ -257,7 +257,9 @@ struct RelayTests {
 
         // Compaction at causal stability, with the reports carried by the relay; then each
         // device's snapshot lets the relay drop every blob it covers.
+        let compacting = ContinuousClock.now
         #expect(await eventually { office.compactionStatus().purgedRecords >= 1_000 && ben.compactionStatus().purgedRecords >= 1_000 })
+        print("relay compaction: both devices purged in \(ContinuousClock.now - compacting)")
         for replica in fresh { await replica.uploadRelaySnapshot() }
         #expect(await eventually { await relay.service.group(fresh[0].groupID)?.blobCount == 1 })
         let baseline = try #require(await settledBytes(relay, fresh[0].groupID))
