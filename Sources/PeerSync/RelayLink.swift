@@ -383,9 +383,13 @@ actor RelayLink {
         let held = replica.state.records.context.versionVector
         let found = ledger.withheld(held: held, now: ContinuousClock.now - started, bound: timing.relayWithholdingBound)
         status.withheld = found.map(\.description)
+        var news = false
         for finding in found where reported.insert(finding.description).inserted {
+            news = true
             logger.warning("relay \(status.relay ?? address.description) withholds \(finding)", metadata: ["relay.address": "\(address)"])
         }
+        // The library's health hears of it too (healthUpdates()).
+        if news { Task { [replica] in await replica.publishHealth() } }
         wake?.yield()
         return ContinuousClock.now - lastHeard > timing.deadPeerTimeout * 3
     }

@@ -36,11 +36,17 @@ public struct SyncHealth: Sendable, Equatable {
         }
     }
 
-    public init(repairs: Int = 0, refusedSessions: Int = 0, limits: LimitStatus = LimitStatus(), divergences: [Divergence] = []) {
+    /// The relays sync dials (``SyncConfiguration/relays``), each with what it withholds past
+    /// the bound ("writer W's counters n–m") and the blobs from it that were refused.
+    public var relays: [RelayStatus] = []
+
+    public init(repairs: Int = 0, refusedSessions: Int = 0, limits: LimitStatus = LimitStatus(), divergences: [Divergence] = [],
+                relays: [RelayStatus] = []) {
         self.repairs = repairs
         self.refusedSessions = refusedSessions
         self.limits = limits
         self.divergences = divergences
+        self.relays = relays
     }
 }
 
@@ -48,7 +54,7 @@ extension Replica {
     /// The health of sync now (zeros with sync off).
     public func syncHealth() async -> SyncHealth {
         SyncHealth(repairs: repairs, refusedSessions: refusedSessions, limits: await currentNode?.limitStatus() ?? LimitStatus(),
-                   divergences: divergences.values.sorted { $0.peer < $1.peer })
+                   divergences: divergences.values.sorted { $0.peer < $1.peer }, relays: await relayStatus())
     }
 
     /// The health now, and again whenever the watchdog repairs a divergence or a limit refuses

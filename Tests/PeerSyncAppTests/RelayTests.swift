@@ -220,6 +220,7 @@ struct RelayTests {
         #expect(await eventually { (try? self.names(ben)) == ["one", "three"] })
         let line = "writer \(office.replicaID.shortDescription)'s counters \(withheld.lowerBound)–"
         #expect(await eventually { await ben.relayStatus().first?.withheld.contains { $0.hasPrefix(line) } == true })
+        #expect(await ben.syncHealth().relays.first?.withheld.contains { $0.hasPrefix(line) } == true)
 
         // They meet: a direct session fills the gap and the report clears.
         let port = try await office.startSync(SyncConfiguration(security: .tls, listen: .loopback(0), relays: [relay.address]))
