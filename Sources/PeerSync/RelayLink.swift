@@ -8,28 +8,6 @@ import PeerSyncReplication
 import PeerSyncSeal
 import PeerSyncStore
 
-/// One relay as this device sees it (``Replica/relayStatus()``, `peersync status`).
-public struct RelayStatus: Sendable, Equatable {
-    /// Where the device dials it.
-    public var address: String
-    /// The relay's device ID (short form) once a session reached it.
-    public var relay: String?
-    /// A session is up and the relay has answered what this device lacks.
-    public var connected = false
-    /// When the relay last confirmed an upload as stored.
-    public var lastUpload: Date?
-    /// Counters this device holds that the relay has not confirmed yet (all writers).
-    public var pending: UInt64 = 0
-    /// What the relay shows it holds but has not delivered within the bound, one line each
-    /// ("writer W's counters n–m"); a direct session with that writer heals it.
-    public var withheld: [String] = []
-    /// Blobs from this relay refused (altered, replayed, re-attributed, undecryptable), with
-    /// the last reason.
-    public var refusedBlobs = 0
-    /// The last error or refusal, if the session is not up.
-    public var lastError: String?
-}
-
 /// The device's session with one relay, redialed with backoff while sync runs: hello, an
 /// admin's member list, what the device lacks fetched and applied, what the relay lacks sealed
 /// and uploaded, live blobs both ways, keepalive and the withholding watch (docs/RELAY.md). The
@@ -251,8 +229,16 @@ actor RelayLink {
         let roster = replica.roster()
         let valid = reports.filter { if case .valid = $0.verdict(in: roster) { return true } else { return false } }
         for report in valid where report.time > reportsSent[report.replica] ?? 0 { reportsSent[report.replica] = report.time }
-        guard !valid.isEmpty, let recorded = try? replica.store.recordSeen(valid), recorded.grew else { return }
-        replica.scheduleCompaction()
+        // Recorded as sync records them: one signed by this store's lost future makes it recover
+        // from the restore at once (StoreSyncStorage.recordSeen).
+        let storage = StoreSyncStorage(replica.store, key: replica.deviceKey, groupID: replica.groupID)
+        guard !valid.isEmpty, let recorded = try? storage.recordSeen(valid) else { return }
+        if recorded.leftIncarnation != nil || recorded.movedEvents > 0 {
+            logger.warning("a report this store did not sign shows it was restored from an older copy; recovered",
+                           metadata: ["relay.address": "\(address)", "restore.moved": "\(recorded.movedEvents)"])
+            if recorded.leftIncarnation != nil { Task { [replica] in await replica.resumeSyncAfterRestore() } }
+        }
+        if recorded.grew { replica.scheduleCompaction() }
     }
 
     /// Signs this device's report when its context grew, and gives the relay every report it

@@ -131,6 +131,7 @@ extension Replica {
     /// refused — nothing of a refused blob is applied — and the blobs applied.
     package nonisolated func applyRelayBlobs(_ blobs: [SealedBlob], relay: String, maxClockSkew: Duration,
                                              inviter: DevicePublicKey? = nil) throws -> (applied: [SealedBlob], refused: [String]) {
+        try recoverIfRestored(seeing: blobs)
         var refused: [String] = []
         var applied: [SealedBlob] = []
         var deltas: [RecordMap] = []
@@ -242,6 +243,45 @@ extension Replica {
         for task in relayTasks { await task.value }
         relayTasks = []
         relayLinks = []
+    }
+}
+
+// A store put back from an older copy meets its lost future at the relay (PROTOCOL §20.5).
+extension Replica {
+    /// Blobs of this store's own replica ID with counters beyond any it holds mean it was put
+    /// back from an older copy (in place, so opening did not see it) and a lost future of it
+    /// wrote on: applying them would give two events one dot. As when a peer's hello shows it
+    /// (§6.9), the store continues as a new incarnation, and the writes it made since the restore
+    /// — after the newest of its lost future's writes, read from these very blobs — move to it.
+    /// Returns whether it recovered (sync must restart under the new replica ID).
+    @discardableResult
+    package nonisolated func recoverIfRestored(seeing blobs: [SealedBlob]) throws -> Bool {
+        let own = store.replicaID
+        let issued = store.state.context.maxCounter(of: own)
+        let future = blobs.filter { $0.kind == .writes && $0.replica == own && $0.writer == deviceID && $0.lastCounter > issued }
+        guard !future.isEmpty else { return false }
+        let lostSince = future.compactMap { blob -> UInt64? in
+            guard blob.isSigned(by: deviceKey.publicKey), let key = dataKey(for: blob),
+                  let plaintext = try? blob.open(with: key, group: groupID), let delta = try? Self.relayDelta(plaintext) else { return nil }
+            return delta.maxTimestamp.physicalMilliseconds
+        }.max()
+        let known = future.map(\.lastCounter).max() ?? issued
+        let recovery = try Self.recoverFromRestore(
+            store, key: deviceKey, groupID: groupID, lostReplica: own, lostSince: lostSince,
+            reason: "the relay holds \(known) writes by this replica, the store has \(issued): it was restored from an older copy")
+        logger.warning("this store was restored from an older copy; continuing as a new replica", metadata: [
+            "replica.id": "\(store.replicaID.shortDescription)", "replica.previous": "\(own.shortDescription)",
+            "restore.moved": "\(recovery.moved)",
+        ])
+        Task { await self.resumeSyncAfterRestore() }
+        return true
+    }
+
+    /// Starts sync again under the replica ID a recovery from a restore gave (sessions and relay
+    /// links announced or uploaded under the old one).
+    func resumeSyncAfterRestore() async {
+        guard let configuration else { return }
+        _ = try? await startSync(configuration)
     }
 }
 

@@ -331,4 +331,66 @@ struct RelayTests {
         for replica in replicas { await replica.close() }
         await fresh.close()
     }
+
+    /// Puts `directory` back as `backup` holds it, writing into the same files (same inodes:
+    /// opening does not see the restore).
+    private func restoreInPlace(_ directory: String, from backup: [String: Data]) throws {
+        let files = try FileManager.default.contentsOfDirectory(atPath: directory)
+        for file in files where backup[file] == nil { try FileManager.default.removeItem(atPath: directory + "/" + file) }
+        for (file, data) in backup {
+            let handle = try #require(FileHandle(forWritingAtPath: directory + "/" + file) ?? {
+                _ = FileManager.default.createFile(atPath: directory + "/" + file, contents: nil)
+                return FileHandle(forWritingAtPath: directory + "/" + file)
+            }())
+            try handle.truncate(atOffset: 0)
+            try handle.write(contentsOf: data)
+            try handle.close()
+        }
+    }
+
+    @Test func aStorePutBackInPlaceThatWroteOfflineMeetsItsLostFutureAtTheRelayAndNothingSplits() async throws {
+        let relay = try await TestRelay()
+        let (replicas, directories) = try await team(["office", "ben"])
+        defer { for directory in directories { removeTemporaryDirectory(directory) } }
+        let office = replicas[0]
+        var ben = replicas[1]
+        try await office.enrolRelay(at: relay.address, code: relay.code)
+        try await viaRelay(office, relay)
+        try await viaRelay(ben, relay)
+        try await ben.save(Location(name: "b1"))
+        #expect(await eventually { (try? self.names(office)) == ["b1"] })
+        await ben.close()
+        let files = try FileManager.default.contentsOfDirectory(atPath: directories[1])
+        let backup = Dictionary(uniqueKeysWithValues: try files.map { ($0, try Data(contentsOf: URL(fileURLWithPath: directories[1] + "/" + $0))) })
+        // Its lost future: two more writes, stored at the relay.
+        ben = try Replica.open(at: directories[1], name: "ben", logger: testLogger("ben"))
+        let lostReplica = ben.replicaID
+        try await viaRelay(ben, relay)
+        try await ben.save(Location(name: "b2"))
+        try await ben.save(Location(name: "b3"))
+        let lostCounter = ben.state.records.context.maxCounter(of: lostReplica)
+        #expect(await eventually { await relay.service.group(office.groupID)?.covered[lostReplica] == lostCounter })
+        let group = try #require(await relay.service.group(office.groupID))
+        let lostBlobs = try relay.storage.base.bytes(of: group.plan(for: [:])).values.map { try SealedBlob(bytes: $0) }
+            .filter { $0.replica == lostReplica }
+        await ben.close()
+        // Put back in place (opening cannot tell), and written on offline: its counters are the
+        // lost future's again.
+        try restoreInPlace(directories[1], from: backup)
+        ben = try Replica.open(at: directories[1], name: "ben", logger: testLogger("ben"))
+        #expect(ben.replicaID == lostReplica)
+        try await ben.save(Location(name: "b4, offline after the restore"))
+        // Shown the lost future's blobs, it continues as a new replica, its offline write moved.
+        let (applied, refused) = try ben.applyRelayBlobs(lostBlobs, relay: "test", maxClockSkew: .seconds(300))
+        #expect(refused.isEmpty, "\(refused)")
+        #expect(applied.count == lostBlobs.count)
+        #expect(ben.replicaID != lostReplica)
+        #expect(try names(ben) == ["b1", "b2", "b3", "b4, offline after the restore"])
+        try await viaRelay(ben, relay)
+        #expect(await eventually { (try? self.names(office)) == ["b1", "b2", "b3", "b4, offline after the restore"] })
+        #expect(await eventually { office.state.records.digest == ben.state.records.digest })
+        await office.close()
+        await ben.close()
+        await relay.stop()
+    }
 }
