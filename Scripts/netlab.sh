@@ -62,25 +62,6 @@ lab_namespaces() {  # every namespace of this prefix that exists now
   ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${P}-(br|h[0-9]+)$" || true
 }
 
-# Refuse to run anything multicast-capable unless NS is a real, separate lab namespace without uplinks.
-assert_isolated() {
-  local ns=$1 ns_ino self_ino pid1_ino links
-  lab_namespaces | grep -qx "$ns" || die "$ns is not a namespace of this lab - refusing"
-  ns_ino=$(ip netns exec "$ns" stat -L -c %i /proc/self/ns/net)
-  self_ino=$(stat -L -c %i /proc/$$/ns/net)
-  pid1_ino=$(stat -L -c %i /proc/1/ns/net 2>/dev/null || echo unreadable)
-  # 4026531833 (0xEFFFFFF9) is the kernel's fixed inode number of the initial network namespace;
-  # it is checked as well because /proc/1/ns may be unreadable in sandboxes.
-  [ -n "$ns_ino" ] && [ "$ns_ino" != "$self_ino" ] && [ "$ns_ino" != "$pid1_ino" ] && [ "$ns_ino" != 4026531833 ] \
-    || die "$ns is the root/current network namespace - refusing"
-  links=$(ip -n "$ns" -o link show | awk -F': ' '{print $2}' | sed 's/@.*//')
-  if echo "$links" | grep -Eq '^(eth|ens|enp|eno|wl)'; then
-    die "$ns contains an uplink-like interface - refusing to start daemons there"
-  fi
-  if echo "$links" | grep -Evqx "lo|$IFN"; then
-    die "$ns has interfaces other than lo and $IFN ($(echo "$links" | tr '\n' ' ')) - refusing"
-  fi
-}
 
 # run_in NSNAME RUNDIR HOSTNAME CMD... : exec CMD inside NS with a private mount+UTS namespace whose /run
 # is RUNDIR. Every step execs, so CMD keeps this PID; if LAB_PIDFILE is set the final PID is written there.

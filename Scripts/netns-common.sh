@@ -1,6 +1,6 @@
 # netns-common.sh - helpers shared by netlab.sh and relay-lab.sh (sourced, never run).
 #
-# The sourcing script defines die and log, and sets IFN (the lab interface name), TMO (seconds for
+# The sourcing script defines die, log and lab_namespaces, and sets IFN (the lab interface name), TMO (seconds for
 # every wait) before sourcing. Nothing here starts a daemon or touches an interface: the
 # scripts' own code does, after their safety checks.
 
@@ -105,5 +105,28 @@ stop_pids() {
     log "$what: pids $(for p in "${live[@]}"; do pid_alive "$p" && printf '%s ' "$p"; done)ignored SIGTERM; sending SIGKILL"
     kill -KILL "${live[@]}" 2>/dev/null || true
     wait_for 5 none_alive "${live[@]}" || log "WARNING: $what: some pids survived SIGKILL"
+  fi
+}
+
+# assert_isolated NS [ALLOWED] : refuse to run anything in NS unless it is a namespace of this lab
+# (the sourcing script's lab_namespaces), not the root or current network namespace, without
+# uplink-like interfaces, and with only interfaces matching ALLOWED (an extended regex of names;
+# default lo|$IFN).
+assert_isolated() {
+  local ns=$1 allowed=${2:-"lo|$IFN"} ns_ino self_ino pid1_ino links
+  lab_namespaces | grep -qx "$ns" || die "$ns is not a namespace of this lab - refusing"
+  ns_ino=$(ip netns exec "$ns" stat -L -c %i /proc/self/ns/net)
+  self_ino=$(stat -L -c %i /proc/$$/ns/net)
+  pid1_ino=$(stat -L -c %i /proc/1/ns/net 2>/dev/null || echo unreadable)
+  # 4026531833 (0xEFFFFFF9) is the kernel's fixed inode number of the initial network namespace;
+  # it is checked as well because /proc/1/ns may be unreadable in sandboxes.
+  [ -n "$ns_ino" ] && [ "$ns_ino" != "$self_ino" ] && [ "$ns_ino" != "$pid1_ino" ] && [ "$ns_ino" != 4026531833 ] \
+    || die "$ns is the root/current network namespace - refusing"
+  links=$(ip -n "$ns" -o link show | awk -F': ' '{print $2}' | sed 's/@.*//')
+  if echo "$links" | grep -Eq '^(eth|ens|enp|eno|wl)'; then
+    die "$ns contains an uplink-like interface - refusing to start processes there"
+  fi
+  if echo "$links" | grep -Evqx "$allowed"; then
+    die "$ns has interfaces other than $allowed ($(echo "$links" | tr '\n' ' ')) - refusing"
   fi
 }

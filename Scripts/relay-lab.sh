@@ -101,25 +101,6 @@ lab_namespaces() {  # every namespace of this lab that exists now
   ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${P}-(sa|sb|rl|a1|a2|b1|b2|c1)$" || true
 }
 
-# Refuse to run anything in NS unless it is a separate lab namespace without uplinks whose links all
-# match ALLOWED (an extended regex of interface names).
-assert_isolated() {
-  local ns=$1 allowed=$2 ns_ino self_ino pid1_ino links
-  lab_namespaces | grep -qx "$ns" || die "$ns is not a namespace of this lab - refusing"
-  ns_ino=$(ip netns exec "$ns" stat -L -c %i /proc/self/ns/net)
-  self_ino=$(stat -L -c %i /proc/$$/ns/net)
-  pid1_ino=$(stat -L -c %i /proc/1/ns/net 2>/dev/null || echo unreadable)
-  # 4026531833 (0xEFFFFFF9) is the kernel's fixed inode number of the initial network namespace
-  [ -n "$ns_ino" ] && [ "$ns_ino" != "$self_ino" ] && [ "$ns_ino" != "$pid1_ino" ] && [ "$ns_ino" != 4026531833 ] \
-    || die "$ns is the root/current network namespace - refusing"
-  links=$(ip -n "$ns" -o link show | awk -F': ' '{print $2}' | sed 's/@.*//')
-  if echo "$links" | grep -Eq '^(eth|ens|enp|eno|wl)'; then
-    die "$ns contains an uplink-like interface - refusing to start processes there"
-  fi
-  if echo "$links" | grep -Evqx "$allowed"; then
-    die "$ns has interfaces other than $allowed ($(echo "$links" | tr '\n' ' ')) - refusing"
-  fi
-}
 
 # run_in NS RUNDIR HOSTNAME CMD... : exec CMD inside NS with a private mount+UTS namespace whose /run is
 # RUNDIR (so libdns_sd finds that host's dbus/avahi). Every step execs, so CMD keeps this PID; if
